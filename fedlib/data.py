@@ -1,0 +1,232 @@
+"""Datasets, token windows and client partitions.
+
+Offline, datasets come from a folder laid out like ``../shared/data`` (``data_dir``):
+``wikitext2/{test,validation}.txt``, ``ptb/{train,validation,test}.txt``, ``c4/train.jsonl``.
+Online (``data_dir`` is None) the same datasets come from the Hugging Face hub.
+
+Token files (calibration pools, client shards, evaluation windows) are safetensors with one
+int32 tensor ``input_ids`` of shape (n, seqlen) and string metadata saying where they came from.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from fedlib.io import atomic_path
+
+TEXT_DATASETS = ("wikitext2", "ptb", "c4")
+
+#: Offline, the mirror has no C4 validation split: held-out C4 documents stand in for it.
+C4_HELDOUT_NOTE = "C4 = held-out documents of c4/train.jsonl that calibration never sees"
+
+
+class DataError(ValueError):
+    pass
+
+
+# --------------------------------------------------------------------------- raw text
+
+
+def _mirror_file(data_dir: Path, dataset: str, split: str, suffix: str) -> Path:
+    path = Path(data_dir) / dataset / f"{split}.{suffix}"
+    if not path.is_file():
+        raise DataError(
+            f"{dataset} {split}: expected {path} (data_dir={data_dir}); "
+            f"point data_dir at a folder laid out like shared/data, or set it to null for the hub"
+        )
+    return path
+
+
+def wikitext2_rows(data_dir: Path | None, split: str) -> list[str]:
+    """Rows as the HF dataset ``wikitext-2-raw-v1`` has them (blank lines are "")."""
+    if data_dir is None:
+        from datasets import load_dataset
+
+        return list(load_dataset("wikitext", "wikitext-2-raw-v1", split=split)["text"])
+    text = _mirror_file(data_dir, "wikitext2", split, "txt").read_text(encoding="utf-8")
+    return [line if line.strip() else "" for line in text.splitlines(keepends=True)]
+
+
+def ptb_rows(data_dir: Path | None, split: str) -> list[str]:
+    """Sentences as ``ptb_text_only`` has them (stripped lines)."""
+    if data_dir is None:
+        from datasets import load_dataset
+
+        return list(load_dataset("ptb_text_only", "penn_treebank", split=split)["sentence"])
+    text = _mirror_file(data_dir, "ptb", split, "txt").read_text(encoding="utf-8")
+    return [line.strip() for line in text.splitlines()]
+
+
+def c4_documents(data_dir: Path | None, split: str = "train") -> list[str]:
+    if data_dir is None:
+        from datasets import load_dataset
+
+        files = {
+            "train": "en/c4-train.00000-of-01024.json.gz",
+            "validation": "en/c4-validation.00000-of-00008.json.gz",
+        }
+        return list(load_dataset("allenai/c4", data_files={split: files[split]}, split=split)["text"])
+    path = _mirror_file(data_dir, "c4", split, "jsonl")
+    docs = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            try:
+                docs.append(json.loads(line)["text"])
+            except (json.JSONDecodeError, KeyError) as err:
+                raise DataError(f"{path}:{number}: expected a JSON object with a 'text' field ({err})") from None
+    return docs
+
+
+def _doc_slice(docs: list[str], docs_range: tuple[int, int] | None, what: str) -> list[str]:
+    if docs_range is None:
+        return docs
+    start, stop = docs_range
+    if not 0 <= start < stop <= len(docs):
+        raise DataError(f"{what}: document range [{start}, {stop}) is outside 0..{len(docs)}")
+    return docs[start:stop]
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def calibration_windows(
+    tokenizer,
+    dataset: str,
+    data_dir: Path | None,
+    nsamples: int,
+    seqlen: int,
+    seed: int,
+    docs_range: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """``nsamples`` random windows of ``seqlen`` tokens, as Wanda/SparseGPT sample calibration
+    data: pick a random document long enough, then a random window inside it (seeded).
+
+    For C4, ``docs_range`` restricts the documents (offline, calibration uses the first
+    documents and C4 evaluation the rest). For WikiText-2 and PTB the train split is one
+    long text; offline WikiText-2 has no train split, so its validation split is used.
+    """
+    rng = random.Random(seed)
+    if dataset == "c4":
+        docs = _doc_slice(c4_documents(data_dir, "train"), docs_range, "c4 calibration")
+        return _windows_from_documents(tokenizer, docs, nsamples, seqlen, rng, "c4")
+    if dataset == "wikitext2":
+        split = "train" if data_dir is None else "validation"
+        text = "\n\n".join(wikitext2_rows(data_dir, split))
+    elif dataset == "ptb":
+        text = " ".join(ptb_rows(data_dir, "train"))
+    else:
+        raise DataError(f"unknown calibration dataset {dataset!r}; known: {TEXT_DATASETS}")
+    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    if ids.numel() <= seqlen:
+        raise DataError(f"{dataset}: {ids.numel()} tokens, fewer than one window of {seqlen}")
+    starts = [rng.randint(0, ids.numel() - seqlen - 1) for _ in range(nsamples)]
+    return torch.stack([ids[s : s + seqlen] for s in starts]).to(torch.int32)
+
+
+def _windows_from_documents(tokenizer, docs, nsamples, seqlen, rng, what) -> torch.Tensor:
+    windows = []
+    tokenized: dict[int, torch.Tensor] = {}
+    long_enough = None
+    while len(windows) < nsamples:
+        index = rng.randint(0, len(docs) - 1)
+        if index not in tokenized:
+            tokenized[index] = tokenizer(docs[index], return_tensors="pt").input_ids[0]
+        ids = tokenized[index]
+        if ids.numel() <= seqlen:
+            if long_enough is None:
+                # fail clearly instead of looping forever when no document is long enough
+                long_enough = any(
+                    tokenizer(d, return_tensors="pt").input_ids.shape[1] > seqlen for d in docs
+                )
+                if not long_enough:
+                    raise DataError(f"{what}: no document has more than {seqlen} tokens")
+            continue
+        start = rng.randint(0, ids.numel() - seqlen - 1)
+        windows.append(ids[start : start + seqlen])
+    return torch.stack(windows).to(torch.int32)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def evaluation_text(dataset: str, data_dir: Path | None, c4_docs: tuple[int, int] | None) -> str:
+    """The evaluation text, joined as Wanda/SparseGPT join it."""
+    if dataset == "wikitext2":
+        return "\n\n".join(wikitext2_rows(data_dir, "test"))
+    if dataset == "ptb":
+        return " ".join(ptb_rows(data_dir, "test"))
+    if dataset == "c4":
+        if data_dir is None:
+            return " ".join(c4_documents(None, "validation")[:1100])
+        return " ".join(_doc_slice(c4_documents(data_dir, "train"), c4_docs, "c4 evaluation"))
+    raise DataError(f"unknown evaluation dataset {dataset!r}; known: {TEXT_DATASETS}")
+
+
+def evaluation_windows(
+    tokenizer,
+    dataset: str,
+    data_dir: Path | None,
+    seqlen: int,
+    max_windows: int | None = None,
+    c4_docs: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Non-overlapping ``seqlen`` windows of the evaluation text, and how many there are in all.
+
+    With ``max_windows`` set, that many windows evenly spaced over the whole text (not just
+    its first articles), always the same ones.
+    """
+    ids = tokenizer(evaluation_text(dataset, data_dir, c4_docs), return_tensors="pt").input_ids[0]
+    total = ids.numel() // seqlen
+    if total == 0:
+        raise DataError(f"{dataset}: {ids.numel()} tokens, fewer than one window of {seqlen}")
+    windows = ids[: total * seqlen].reshape(total, seqlen)
+    if max_windows is not None and max_windows < total:
+        picks = np.linspace(0, total - 1, max_windows).round().astype(int)
+        windows = windows[torch.as_tensor(picks)]
+    return windows.to(torch.int32), total
+
+
+# --------------------------------------------------------------------------- partitions
+
+
+def iid_partition(n_items: int, n_clients: int, seed: int) -> list[list[int]]:
+    """Shuffle (seeded) and deal into ``n_clients`` parts whose sizes differ by at most one."""
+    if n_clients < 1 or n_clients > n_items:
+        raise DataError(f"cannot split {n_items} samples over {n_clients} clients")
+    order = np.random.default_rng(seed).permutation(n_items)
+    return [sorted(part.tolist()) for part in np.array_split(order, n_clients)]
+
+
+# --------------------------------------------------------------------------- token files
+
+
+def save_tokens(path: Path, input_ids: torch.Tensor, **metadata) -> None:
+    meta = {k: json.dumps(v) for k, v in metadata.items()}
+    with atomic_path(path) as tmp:
+        save_file({"input_ids": input_ids.to(torch.int32).contiguous()}, str(tmp), metadata=meta)
+
+
+def load_tokens(path: Path) -> tuple[torch.Tensor, dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: token file not found")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            if "input_ids" not in handle.keys():
+                raise DataError(f"{path}: expected a tensor 'input_ids'")
+            ids = handle.get_tensor("input_ids")
+            meta = {k: json.loads(v) for k, v in (handle.metadata() or {}).items()}
+    except DataError:
+        raise
+    except Exception as err:  # safetensors raises its own error types for corrupt files
+        raise DataError(f"{path}: not a readable token file ({err})") from None
+    if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64):
+        raise DataError(f"{path}: input_ids must be an int tensor (n, seqlen), got {ids.dtype} {tuple(ids.shape)}")
+    return ids.to(torch.long), meta

@@ -1,0 +1,1 @@
+"""Evaluation of pruned models: perplexity and zero-shot accuracy."""

@@ -1,0 +1,23 @@
+"""Client-side pruning methods: one module each, registered here by name."""
+
+from __future__ import annotations
+
+from fedlib.methods.base import LayerPruner
+from fedlib.methods.magnitude import MagnitudePruner
+from fedlib.methods.sparsegpt import SparseGPTPruner, SparseGPTUpdatePruner
+from fedlib.methods.wanda import WandaPruner
+
+METHODS: dict[str, type[LayerPruner]] = {
+    cls.name: cls
+    for cls in (MagnitudePruner, WandaPruner, SparseGPTPruner, SparseGPTUpdatePruner)
+}
+
+
+def get_method(name: str) -> type[LayerPruner]:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown pruning method {name!r}; known: {sorted(METHODS)}") from None
+
+
+__all__ = ["LayerPruner", "METHODS", "get_method"]

@@ -1,0 +1,1 @@
+"""Privacy audit of shared pruning masks (FedPrLLM App. C and beyond)."""

@@ -1,0 +1,51 @@
+"""A pruned model is the base model plus a global mask (plus vote counts for scaling).
+
+Evaluation applies it in memory; only ``fedlib export`` writes a full checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fedlib.maskfile import MaskFile, MaskFileError
+from fedlib.models import fingerprint, linear_by_name, prunable_layers
+from fedlib.server.fedprllm import scale_factors
+
+
+@torch.no_grad()
+def apply_masks(model: nn.Module, masks: dict[str, torch.Tensor], factors: dict[str, torch.Tensor] | None = None) -> None:
+    """Zero masked weights in place (and multiply survivors by per-weight factors)."""
+    for name, mask in masks.items():
+        weight = linear_by_name(model, name).weight
+        weight[mask.to(weight.device)] = 0
+        if factors is not None and name in factors:
+            weight.mul_(factors[name].to(weight.device, weight.dtype))
+
+
+def apply_mask_file(model: nn.Module, path: Path, scale: bool = False, model_fingerprint: str | None = None) -> dict:
+    """Apply a (client or global) mask file to ``model`` in place; returns its header summary."""
+    layers = prunable_layers(model)
+    mask_file = MaskFile(path, model_fingerprint or fingerprint(model), layers)
+    if scale and not mask_file.has_votes():
+        raise MaskFileError(path, "votes", "weight scaling needs vote counts (a global mask file from fedlib aggregate)")
+    for info in layers:
+        factors = None
+        if scale:
+            factors = {info.name: scale_factors(mask_file.layer_votes(info.name), mask_file.header.n_clients)}
+        apply_masks(model, {info.name: mask_file.layer_mask(info.name)}, factors)
+    header = mask_file.header
+    return {"role": header.role, "method": header.method, "group": header.group,
+            "sparsity": header.sparsity, "n_clients": header.n_clients, "scaled": scale}
+
+
+def measured_sparsity(model: nn.Module) -> float:
+    """Fraction of exactly-zero weights over the prunable linears (a check, not a claim)."""
+    zeros = total = 0
+    for info in prunable_layers(model):
+        weight = linear_by_name(model, info.name).weight
+        zeros += int((weight == 0).sum())
+        total += weight.numel()
+    return zeros / total

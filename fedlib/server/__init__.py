@@ -1,0 +1,5 @@
+"""Server strategies: one module each, registered here by name."""
+
+from fedlib.server.fedprllm import FedPrLLM
+
+STRATEGIES = {"fedprllm": FedPrLLM}

@@ -1,0 +1,111 @@
+"""The layer-by-layer recursion and the local methods against direct computations."""
+
+import copy
+
+import pytest
+import torch
+
+from fedlib.groups import prune_lowest
+from fedlib.methods import get_method
+from fedlib.methods.wanda import wanda_scores
+from fedlib.models import UnsupportedModelError, block_linears, fingerprint, prunable_layers
+from fedlib.recursion import LayerwiseRunner, prune_locally
+
+
+def test_blockwise_dense_pass_equals_full_forward(model):
+    ids = torch.randint(0, 128, (5, 16))
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states
+    runner = LayerwiseRunner(model, ids, batch_size=2)  # uneven batches on purpose
+    torch.testing.assert_close(torch.cat(runner.hidden), hidden[0], rtol=0, atol=0)
+    runner.advance()
+    torch.testing.assert_close(torch.cat(runner.hidden), hidden[1], rtol=1e-6, atol=1e-6)
+    runner.advance()
+    # the model's last hidden state is after the final norm
+    torch.testing.assert_close(model.model.norm(torch.cat(runner.hidden)), hidden[2], rtol=1e-5, atol=1e-5)
+
+
+def _inputs_of_linears(model, ids):
+    """Inputs of every linear, captured from an ordinary full forward of ``model``."""
+    captured = {}
+
+    def hook(name):
+        def record(_module, inputs, _output):
+            captured[name] = inputs[0].detach()
+        return record
+
+    handles = [
+        module.register_forward_hook(hook(name))
+        for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
+    ]
+    with torch.no_grad():
+        model(ids)
+    for h in handles:
+        h.remove()
+    return captured
+
+
+def test_wanda_masks_against_direct_recursive_computation(model):
+    """Block 0's masks come from dense inputs; block 1's from inputs through block 0 pruned."""
+    ids = torch.randint(0, 128, (3, 12))
+    result = prune_locally(model, ids, "wanda", 0.5, "row", seed=0)
+    pruned_model = copy.deepcopy(model)
+    reference = {}
+    for block in range(2):
+        inputs = _inputs_of_linears(pruned_model, ids)
+        for info in prunable_layers(model):
+            if info.block != block:
+                continue
+            x = inputs[info.name].reshape(-1, info.shape[1]).double()
+            weight = dict(model.named_modules())[info.name].weight.detach()
+            scores = weight.abs() * (x.pow(2).mean(0)).sqrt().float()
+            reference[info.name] = prune_lowest(scores, 0.5, "row", 0, info.name)
+            with torch.no_grad():
+                dict(pruned_model.named_modules())[info.name].weight[reference[info.name]] = 0
+    assert reference.keys() == result.masks.keys()
+    for name in reference:
+        assert torch.equal(reference[name], result.masks[name]), name
+    # the base model is untouched
+    assert fingerprint(model) != fingerprint(pruned_model)
+    assert all((m.weight != 0).all() for m in block_linears(model.model.layers[0]).values())
+
+
+def test_wanda_scores_formula():
+    weight = torch.tensor([[1.0, -2.0], [-3.0, 0.5]])
+    pruner = get_method("wanda")(torch.nn.Linear(2, 2, bias=False), "x")
+    pruner.layer.weight.data = weight
+    pruner.add_batch(torch.tensor([[[1.0, 2.0]], [[3.0, 0.0]]]))
+    # mean over tokens of x^2: [5, 2]
+    expected = weight.abs() * torch.tensor([[5.0, 2.0]]).sqrt()
+    torch.testing.assert_close(pruner.scores(), expected)
+    torch.testing.assert_close(wanda_scores(weight, torch.tensor([5.0, 2.0])), expected)
+
+
+def test_magnitude_needs_no_data_and_groups_apply(model):
+    result = prune_locally(model, None, "magnitude", 0.5, "layer", seed=0)
+    for info in prunable_layers(model):
+        weight = dict(model.named_modules())[info.name].weight.detach()
+        assert torch.equal(result.masks[info.name], prune_lowest(weight.abs(), 0.5, "layer", 0, info.name))
+
+
+@pytest.mark.parametrize("group", ["row", "column", "layer", "2:4"])
+def test_local_groups_give_exact_sparsity(model, group):
+    ids = torch.randint(0, 128, (2, 8))
+    masks = prune_locally(model, ids, "wanda", 0.5, group, seed=0).masks
+    total = sum(m.numel() for m in masks.values())
+    assert sum(int(m.sum()) for m in masks.values()) == total // 2
+
+
+def test_deterministic(model):
+    ids = torch.randint(0, 128, (2, 8))
+    a = prune_locally(model, ids, "wanda", 0.5, "row", seed=0).masks
+    b = prune_locally(model, ids, "wanda", 0.5, "row", seed=0).masks
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_unknown_architecture_and_method(model):
+    model.config.model_type = "unknownformer"
+    with pytest.raises(UnsupportedModelError, match="unknownformer"):
+        prunable_layers(model)
+    with pytest.raises(ValueError, match="unknown pruning method"):
+        get_method("nope")

@@ -1,0 +1,89 @@
+"""FedPrLLM aggregation against brute force, scaling against FedAvg, and the server's checks."""
+
+import pytest
+import torch
+
+from fedlib.maskfile import MaskFile, MaskFileError, write_mask_file
+from fedlib.models import fingerprint, linear_by_name, prunable_layers
+from fedlib.pruned import apply_mask_file
+from fedlib.recursion import prune_locally
+from fedlib.server import FedPrLLM
+
+from conftest import tiny_llama
+
+
+def _clients(model, tmp_path, n=5, group="row"):
+    paths, masks = [], []
+    for i in range(n):
+        ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(i))
+        result = prune_locally(model, ids, "wanda", 0.5, group, seed=0).masks
+        path = tmp_path / f"client_{i}.mask.safetensors"
+        write_mask_file(path, result, prunable_layers(model), fingerprint=fingerprint(model),
+                        role="client", client_id=str(i), method="wanda", group=group,
+                        sparsity=0.5, n_samples=2, seed=0)
+        paths.append(path)
+        masks.append(result)
+    return paths, masks
+
+
+@pytest.mark.parametrize("group", ["layer", "row", "column"])
+def test_top_k_of_votes_per_group(model, tmp_path, group):
+    paths, masks = _clients(model, tmp_path)
+    out = tmp_path / f"global_{group}.mask.safetensors"
+    FedPrLLM(group=group, sparsity=0.5, seed=0).aggregate(paths, fingerprint(model), prunable_layers(model), out)
+    result = MaskFile(out, fingerprint(model), prunable_layers(model))
+    assert result.header.role == "global" and result.header.n_clients == 5
+    for info in prunable_layers(model):
+        votes = sum(m[info.name].int() for m in masks)
+        assert torch.equal(result.layer_votes(info.name), votes)
+        final = result.layer_mask(info.name)
+        # brute force: within every group, each pruned weight has at least as many votes
+        # as every kept one, and the group prunes exactly floor(size * 0.5)
+        if group == "layer":
+            pairs = [(votes.reshape(-1), final.reshape(-1))]
+        elif group == "row":
+            pairs = list(zip(votes, final))
+        else:
+            pairs = list(zip(votes.T, final.T))
+        for v, f in pairs:
+            assert int(f.sum()) == v.numel() // 2
+            assert v[f].min() >= v[~f].max()
+
+
+def test_scaling_equals_fedavg_of_locally_pruned_weights(model, tmp_path):
+    paths, masks = _clients(model, tmp_path, n=4)
+    out = tmp_path / "global.mask.safetensors"
+    FedPrLLM(group="layer", sparsity=0.5, seed=0).aggregate(paths, fingerprint(model), prunable_layers(model), out)
+    base = {info.name: linear_by_name(model, info.name).weight.detach().clone() for info in prunable_layers(model)}
+    final = MaskFile(out).masks()
+    scaled = tiny_llama()
+    apply_mask_file(scaled, out, scale=True)
+    for name, weight in base.items():
+        fedavg = sum(weight * (~m[name]) for m in masks) / len(masks)  # mean of the clients' pruned weights
+        expected = torch.where(final[name], torch.zeros_like(weight), fedavg)
+        torch.testing.assert_close(linear_by_name(scaled, name).weight.detach(), expected)
+
+
+def test_single_client_global_mask_is_its_own_mask(model, tmp_path):
+    paths, masks = _clients(model, tmp_path, n=1)
+    out = tmp_path / "global.mask.safetensors"
+    FedPrLLM(group="row", sparsity=0.5, seed=0).aggregate(paths, fingerprint(model), prunable_layers(model), out)
+    final = MaskFile(out).masks()
+    assert all(torch.equal(final[k], masks[0][k]) for k in final)
+
+
+def test_refuses_bad_client_sets(model, tmp_path):
+    paths, _ = _clients(model, tmp_path, n=2)
+    out = tmp_path / "global.mask.safetensors"
+    out.write_text("previous result")
+    strategy = FedPrLLM(group="layer", sparsity=0.5, seed=0)
+    with pytest.raises(MaskFileError, match="client_id"):
+        strategy.aggregate([paths[0], paths[0]], fingerprint(model), prunable_layers(model), out)
+    other = tiny_llama(seed=7)
+    with pytest.raises(MaskFileError, match="model_fingerprint"):
+        strategy.aggregate(paths, fingerprint(other), prunable_layers(other), out)
+    truncated = tmp_path / "client_9.mask.safetensors"
+    truncated.write_bytes(paths[1].read_bytes()[:-100])
+    with pytest.raises(MaskFileError):
+        strategy.aggregate([paths[0], truncated], fingerprint(model), prunable_layers(model), out)
+    assert out.read_text() == "previous result"  # nothing overwritten on failure
