@@ -204,6 +204,101 @@ def iid_partition(n_items: int, n_clients: int, seed: int) -> list[list[int]]:
     return [sorted(part.tolist()) for part in np.array_split(order, n_clients)]
 
 
+def dirichlet_partition(
+    labels: list[int],
+    n_clients: int,
+    alpha: float,
+    seed: int,
+    min_per_client: int = 1,
+    max_tries: int = 10000,
+) -> list[list[int]]:
+    """Non-IID split of a pool whose samples carry a source label (FedPrLLM Sec. 4.3: 8 windows
+    each of WikiText-2, C4 and PTB over 12 clients, alpha = 5).
+
+    Standard FL practice (Hsu et al. 2019; NIID-Bench): for each source, in label order, draw
+    proportions p ~ Dirichlet(alpha · 1_n_clients) and deal that source's samples, in a seeded
+    random order, to the clients in those proportions (client i gets the samples between the cut
+    points ``floor(n_source · cumsum(p))``). Every sample goes to exactly one client. Large alpha
+    gives every client about the same mixture; small alpha gives each client few sources.
+
+    A client with no sample has no calibration data and cannot compute a mask, so by default a
+    draw that leaves any client with fewer than ``min_per_client`` samples is rejected and the
+    whole draw repeated (NIID-Bench's rule), up to ``max_tries`` times; the accepted split is
+    still deterministic in ``seed``. Rejection conditions on every client having data, which
+    flattens the split a little for tiny pools (24 samples, 12 clients). ``min_per_client=0``
+    accepts the first draw; empty clients are then returned as empty lists and the caller must
+    drop them (and say so). Returns each client's sorted sample indices.
+    """
+    n_items = len(labels)
+    if n_clients < 1:
+        raise DataError(f"n_clients must be >= 1, got {n_clients}")
+    if not alpha > 0:
+        raise DataError(f"Dirichlet alpha must be > 0, got {alpha}")
+    if min_per_client < 0 or n_clients * min_per_client > n_items:
+        raise DataError(
+            f"cannot give each of {n_clients} clients at least {min_per_client} of {n_items} samples"
+        )
+    rng = np.random.default_rng(seed)
+    sources = sorted(set(int(x) for x in labels))
+    members = {c: np.array([i for i, x in enumerate(labels) if int(x) == c], dtype=np.int64) for c in sources}
+    for _ in range(max_tries):
+        parts: list[list[int]] = [[] for _ in range(n_clients)]
+        for c in sources:
+            idx = rng.permutation(members[c])
+            proportions = rng.dirichlet(np.full(n_clients, float(alpha)))
+            cuts = (np.cumsum(proportions)[:-1] * len(idx)).astype(int)
+            for client, piece in enumerate(np.split(idx, cuts)):
+                parts[client].extend(piece.tolist())
+        if min(len(p) for p in parts) >= min_per_client:
+            return [sorted(p) for p in parts]
+    raise DataError(
+        f"no Dirichlet(alpha={alpha}) split of {n_items} samples over {n_clients} clients gave every "
+        f"client at least {min_per_client} sample(s) in {max_tries} draws; raise alpha or the pool size, "
+        "or pass min_per_client=0 and drop the empty clients"
+    )
+
+
+#: the calibration data mixed for the non-IID experiments, in label order
+MIXTURE_DATASETS = ("wikitext2", "c4", "ptb")
+
+
+def calibration_split(dataset: str, data_dir: Path | None) -> str:
+    """Which split :func:`calibration_windows` draws ``dataset`` from (for report tables):
+    offline WikiText-2 has no train split, so its validation split stands in."""
+    if dataset == "c4":
+        return "train" if data_dir is None else "train (c4/train.jsonl, calibration document range)"
+    if dataset == "wikitext2":
+        return "train" if data_dir is None else "validation (offline mirror has no train split)"
+    if dataset == "ptb":
+        return "train"
+    raise DataError(f"unknown calibration dataset {dataset!r}; known: {TEXT_DATASETS}")
+
+
+def mixture_pool(
+    tokenizer,
+    data_dir: Path | None,
+    per_dataset: int,
+    seqlen: int,
+    seed: int,
+    datasets: tuple[str, ...] = MIXTURE_DATASETS,
+    c4_docs: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, list[int]]:
+    """``per_dataset`` calibration windows from each of ``datasets`` (via
+    :func:`calibration_windows`, same seed for each), stacked in that order: ``(input_ids
+    (n, seqlen) int32, labels)`` with ``labels[i]`` the index in ``datasets`` of row i's source.
+    Offline, WikiText-2 windows come from its validation split (:func:`calibration_split`);
+    ``c4_docs`` restricts C4 to the calibration documents."""
+    if per_dataset < 1:
+        raise DataError(f"per_dataset must be >= 1, got {per_dataset}")
+    chunks, labels = [], []
+    for label, dataset in enumerate(datasets):
+        ids = calibration_windows(tokenizer, dataset, data_dir, per_dataset, seqlen, seed,
+                                  c4_docs if dataset == "c4" else None)
+        chunks.append(ids)
+        labels.extend([label] * ids.shape[0])
+    return torch.cat(chunks).to(torch.int32), labels
+
+
 # --------------------------------------------------------------------------- token files
 
 

@@ -103,7 +103,15 @@ def write_mask_file(
     n_clients: int = 1,
     votes: Mapping[str, torch.Tensor] | None = None,
     extra: Mapping[str, str] | None = None,
+    tensors: Mapping[str, torch.Tensor] | None = None,
 ) -> None:
+    """Write a mask file. ``tensors`` adds further named tensors to the same file (FedSpaLLM
+    uploads carry ``weight:<layer>``); their names must not use the ``mask:``/``votes:``
+    prefixes, and checking them is the reader's business (``fedlib.server.fedspallm``)."""
+    payload = dict(tensors or {})
+    clash = [k for k in payload if k.startswith(("mask:", "votes:"))]
+    if clash:
+        raise ValueError(f"extra tensor names may not start with 'mask:' or 'votes:': {clash[:3]}")
     tensors: dict[str, torch.Tensor] = {}
     layer_meta = []
     for info in layers:
@@ -134,6 +142,7 @@ def write_mask_file(
     }
     if extra:
         metadata.update({f"x_{k}": str(v) for k, v in extra.items()})
+    tensors.update({k: v.contiguous() for k, v in payload.items()})
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
 

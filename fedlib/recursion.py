@@ -136,6 +136,8 @@ class BlockDecision:
 
     masks: dict[str, torch.Tensor]
     weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: the sparsity each layer was pruned at (differs per layer for OWL and BESA)
+    layer_sparsity: dict[str, float] = field(default_factory=dict)
 
 
 class LayerwiseRunner:
@@ -203,6 +205,7 @@ def decide_block(
     for name, pruner in pruners.items():
         ratio = sparsity[name] if isinstance(sparsity, Mapping) else sparsity
         decision.masks[name] = pruner.prune(ratio, group, seed)
+        decision.layer_sparsity[name] = float(ratio)
         if pruner.updated_weight is not None:
             decision.weights[name] = pruner.updated_weight
     return decision
@@ -238,11 +241,22 @@ def prune_locally(
         return result
     if input_ids is None:
         raise ValueError(f"method {method!r} needs calibration data")
+    # Non-uniform allocations: OWL plans every layer's ratio in a dense pre-pass (``plan``),
+    # BESA learns each block's ratios on that block's inputs (``allocate_block``). An explicit
+    # per-layer mapping passed as ``sparsity`` is used as given.
+    plan = getattr(factory, "plan", None)
+    allocate_block = getattr(factory, "allocate_block", None)
+    if plan is not None and not isinstance(sparsity, Mapping):
+        sparsity = plan(model, input_ids, sparsity, group=group, options=options,
+                        batch_size=batch_size)
     runner = LayerwiseRunner(model, input_ids, batch_size)
     for index in range(len(runner.blocks)):
         pruners = {name: factory(linear, name, **options) for name, linear in runner.linears().items()}
         runner.collect(pruners)
-        decision = decide_block(pruners, sparsity, group, seed)
+        ratios = sparsity
+        if allocate_block is not None and not isinstance(sparsity, Mapping):
+            ratios = allocate_block(runner, pruners, sparsity, group, seed, options)
+        decision = decide_block(pruners, ratios, group, seed)
         del pruners
         if index + 1 < len(runner.blocks):
             runner.advance(decision)
@@ -255,5 +269,6 @@ def prune_locally(
 def _merge(result: BlockDecision, decision: BlockDecision, on_block, index: int) -> None:
     result.masks.update(decision.masks)
     result.weights.update(decision.weights)
+    result.layer_sparsity.update(decision.layer_sparsity)
     if on_block is not None:
         on_block(index, decision)

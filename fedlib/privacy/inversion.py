@@ -294,11 +294,11 @@ def invert_block0_masks(
     sparsity: float = 0.5,
     group: str = "row",
     seed: int = 0,
-    steps: int = 300,
-    restarts: int = 2,
-    lr: float = 0.1,
-    tau: tuple[float, float] = (1.0, 0.02),
-    relaxation: str = "embedding",
+    steps: int = 800,
+    restarts: int = 1,
+    lr: float = 0.03,
+    tau: tuple[float, float] = (0.2, 0.01),
+    relaxation: str = "histogram",
     init_scale: float = 1.0,
     entropy_weight: float = 0.0,
     refine_sweeps: int = 2,
@@ -390,6 +390,8 @@ def invert_block0_masks(
     n_cand = min(n_candidates, V)
     cand = best_probs.topk(n_cand).indices
     for sweep in range(refine_sweeps):
+        if current == prob.n_bits:
+            break
         improved = False
         for pos in range(n_tokens):
             base = U[tokens].sum(0)

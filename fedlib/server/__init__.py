@@ -1,5 +1,6 @@
 """Server strategies: one module each, registered here by name."""
 
 from fedlib.server.fedprllm import FedPrLLM
+from fedlib.server.fedspallm import FedSpaLLM
 
-STRATEGIES = {"fedprllm": FedPrLLM}
+STRATEGIES = {"fedprllm": FedPrLLM, "fedspallm": FedSpaLLM}

@@ -1,0 +1,48 @@
+"""Shared helpers for the benchmark scripts (figures printed and written as JSON)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+OUT_DIR = Path(__file__).resolve().parent / "results"
+DATA_DIR = Path(os.environ.get("FEDLIB_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+MODEL = os.environ.get("FEDLIB_BENCH_MODEL", "resources/models/smollm2-135m")
+
+
+def load_bench_model():
+    from fedlib.models import load_model
+
+    spec = MODEL if Path(MODEL).is_dir() else "smollm2-135m"
+    return load_model(spec)
+
+
+def timed(func, repeats: int) -> list[float]:
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        func()
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def machine() -> dict:
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine()}
+
+
+def write(name: str, payload: dict) -> Path:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **payload}, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
+median = statistics.median

@@ -1,0 +1,35 @@
+"""Which rules dominate a workflow run: sums Snakemake's `benchmark:` files per rule."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from collections import defaultdict
+from pathlib import Path
+
+from common import write
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--results", default="results")
+    parser.add_argument("--wall", type=float, help="measured wall time of the run, seconds")
+    args = parser.parse_args()
+    per_rule: dict[str, dict] = defaultdict(lambda: {"jobs": 0, "seconds": 0.0, "max_rss_mib": 0.0})
+    for tsv in sorted(Path(args.results, "benchmarks").rglob("*.tsv")):
+        rule = tsv.relative_to(Path(args.results, "benchmarks")).parts[0].removesuffix(".tsv")
+        with tsv.open() as handle:
+            row = next(csv.DictReader(handle, delimiter="\t"))
+        entry = per_rule[rule]
+        entry["jobs"] += 1
+        entry["seconds"] += float(row["s"])
+        entry["max_rss_mib"] = max(entry["max_rss_mib"], float(row["max_rss"]) if row["max_rss"] not in ("-", "NA") else 0.0)
+    total = sum(e["seconds"] for e in per_rule.values())
+    for rule, entry in sorted(per_rule.items(), key=lambda kv: -kv[1]["seconds"]):
+        entry["share"] = entry["seconds"] / total
+        print(f"{rule:22s} {entry['jobs']:3d} jobs {entry['seconds']:8.1f}s {entry['share']:6.1%}")
+    write("workflow", {"wall_seconds": args.wall, "job_seconds_total": total, "rules": dict(per_rule)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,485 @@
+"""Federation drivers (simulation on one machine): FedPrLLM one-shot and iterative pruning,
+FedSpaLLM rounds, and the communication accounting the papers report.
+
+FedPrLLM (Sections 3.2.3 and 4.2.3 of the paper)
+    *One-shot*: every client prunes all blocks with its own masks (:func:`prune_locally`, so
+    block l+1 of client i sees block l pruned by client i's mask), sends all masks once; the
+    server sums them and keeps the top-k per comparison group. One communication round.
+    *Iterative*: one round per decoder block. In round l every client collects block l's
+    statistics from its own activations, which went through the *global* masks of blocks < l,
+    decides its local masks, and uploads them; the server sums and selects (same function as
+    one-shot: :func:`fedlib.server.fedprllm.global_mask_from_votes`) and broadcasts the global
+    masks; every client propagates its activations through block l under the global mask. Each
+    client keeps one :class:`~fedlib.recursion.LayerwiseRunner` for the whole run, so each block
+    is run twice per client (statistics, propagation) exactly as in one-shot: the client compute
+    is the same, only the server's selection sits between the two passes.
+    With ``scale=True`` the global block l is ``W ⊙ (1 - M) ⊙ (m - M̂)/m`` and clients propagate
+    through that (as the official FedPrLLM code does), so the broadcast carries the vote counts
+    too. Methods with a weight update (``sparsegpt_update``) only contribute masks: the FedPrLLM
+    global model is the base weights under the global mask.
+
+FedSpaLLM (see :mod:`fedlib.server.fedspallm` for aggregation, expansion and sampling)
+    :func:`fedspallm_client` is one client's round; :func:`fedspallm_prune` simulates T rounds with
+    N clients, streaming every upload into per-layer ℓ0 accumulators.
+
+Communication accounting (:func:`communication_cost`), two conventions, always labelled:
+    ``*_bytes``: what fedlib actually transmits for masks, 1 bit per weight packed 8 per byte
+    (``ceil(numel/8)`` bytes per linear, as in the mask file; file headers excluded), summed over
+    clients. Iterative: per round, up = N x the block's packed masks, down = N x the block's
+    packed global masks (plus 1 byte per weight of vote counts, 2 above 255 clients, when
+    ``scale=True``). One-shot: up = N x all packed masks, down = 0 (as the paper; distributing
+    the final global mask, ``final_broadcast_bytes``, is the same for both and reported apart).
+    ``paper_parameters_per_client``: FedPrLLM Table 3's unit, "number of parameters" per client,
+    each mask entry counting as one parameter: one-shot = d (the prunable weights, uploaded
+    once), iterative = 2d (every layer's mask up and its global mask down). For LLaMA-7B
+    d = 6.476e9, as in the table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from fedlib.methods import get_method
+from fedlib.models import LayerInfo, block_linears, block_path, decoder_blocks, prunable_layers
+from fedlib.recursion import BlockDecision, LayerwiseRunner, decide_block, prune_locally, weights_replaced
+from fedlib.server.fedprllm import global_mask_from_votes, scale_factors
+from fedlib.server.fedspallm import FedSpaLLM, L0Accumulator, uncovered_blocks
+
+
+def packed_bytes(numel: int) -> int:
+    """Bytes of one packed mask (1 bit per weight, as ``maskfile.pack_bits``)."""
+    return (numel + 7) // 8
+
+
+def _votes_dtype(n_clients: int) -> torch.dtype:
+    return torch.uint8 if n_clients <= 255 else torch.int16
+
+
+def _ratio(sparsity: float | Mapping[str, float], name: str) -> float:
+    return sparsity[name] if isinstance(sparsity, Mapping) else sparsity
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class RoundRecord:
+    """One communication round. Bytes and parameters are summed over clients."""
+
+    round: int
+    blocks: list[int]
+    n_clients: int
+    bytes_up: int
+    bytes_down: int
+    parameters_up: int  # mask entries (paper convention: one "parameter" per entry)
+    parameters_down: int
+    seconds_clients: float = 0.0  # summed over clients (they would run in parallel)
+    seconds_server: float = 0.0
+    client_masks: list[dict[str, torch.Tensor]] | None = None
+    global_masks: dict[str, torch.Tensor] | None = None
+
+
+@dataclass
+class FederatedResult:
+    """Global masks, vote counts ``M̂`` (for weight scaling) and the per-round records."""
+
+    mode: str
+    masks: dict[str, torch.Tensor]
+    votes: dict[str, torch.Tensor]
+    n_clients: int
+    rounds: list[RoundRecord] = field(default_factory=list)
+
+    @property
+    def bytes_up(self) -> int:
+        return sum(r.bytes_up for r in self.rounds)
+
+    @property
+    def bytes_down(self) -> int:
+        return sum(r.bytes_down for r in self.rounds)
+
+
+@dataclass
+class CommunicationCost:
+    mode: str
+    n_clients: int
+    rounds: list[RoundRecord]
+    #: FedPrLLM Table 3's unit: mask entries one client sends plus receives (d or 2d)
+    paper_parameters_per_client: int
+    #: sending the final global mask to every client (not counted by the paper, same for both modes)
+    final_broadcast_bytes: int
+
+    @property
+    def bytes_up(self) -> int:
+        return sum(r.bytes_up for r in self.rounds)
+
+    @property
+    def bytes_down(self) -> int:
+        return sum(r.bytes_down for r in self.rounds)
+
+    def as_dict(self) -> dict:
+        return {
+            "mode": self.mode, "n_clients": self.n_clients, "n_rounds": len(self.rounds),
+            "mask_bytes_up": self.bytes_up, "mask_bytes_down": self.bytes_down,
+            "mask_bytes_total": self.bytes_up + self.bytes_down,
+            "paper_parameters_per_client": self.paper_parameters_per_client,
+            "final_broadcast_bytes": self.final_broadcast_bytes,
+        }
+
+
+def _round_cost(index: int, blocks: list[int], layers: Sequence[LayerInfo], n_clients: int,
+                down: bool, scale: bool) -> RoundRecord:
+    numels = [info.shape[0] * info.shape[1] for info in layers]
+    up_bytes = sum(packed_bytes(n) for n in numels)
+    down_bytes = 0
+    if down:
+        down_bytes = up_bytes
+        if scale:
+            down_bytes += sum(numels) * torch.empty((), dtype=_votes_dtype(n_clients)).element_size()
+    params = sum(numels)
+    return RoundRecord(
+        round=index, blocks=blocks, n_clients=n_clients,
+        bytes_up=n_clients * up_bytes, bytes_down=n_clients * down_bytes,
+        parameters_up=n_clients * params, parameters_down=n_clients * params if down else 0,
+    )
+
+
+def communication_cost(layers: Sequence[LayerInfo], n_clients: int, mode: str, scale: bool = False) -> CommunicationCost:
+    """FedPrLLM communication for ``mode`` ``"one-shot"`` or ``"iterative"`` (module docstring)."""
+    if n_clients < 1:
+        raise ValueError("n_clients must be >= 1")
+    d = sum(info.shape[0] * info.shape[1] for info in layers)
+    final = n_clients * sum(packed_bytes(info.shape[0] * info.shape[1]) for info in layers)
+    if mode == "one-shot":
+        blocks = sorted({info.block for info in layers})
+        rounds = [_round_cost(0, blocks, layers, n_clients, down=False, scale=scale)]
+        return CommunicationCost(mode, n_clients, rounds, d, final)
+    if mode == "iterative":
+        blocks = sorted({info.block for info in layers})
+        rounds = [
+            _round_cost(i, [b], [info for info in layers if info.block == b], n_clients, down=True, scale=scale)
+            for i, b in enumerate(blocks)
+        ]
+        return CommunicationCost(mode, n_clients, rounds, 2 * d, final)
+    raise ValueError(f"mode must be 'one-shot' or 'iterative', got {mode!r}")
+
+
+# --------------------------------------------------------------------------- FedPrLLM
+
+
+def _block_linears(model: nn.Module, index: int) -> dict[str, nn.Linear]:
+    prefix = f"{block_path(model)}.{index}"
+    return {f"{prefix}.{local}": linear for local, linear in block_linears(decoder_blocks(model)[index]).items()}
+
+
+def iterative_prune(
+    model: nn.Module,
+    client_input_ids: Sequence[torch.Tensor | None],
+    method: str,
+    sparsity: float | Mapping[str, float],
+    local_group: str,
+    server_group: str,
+    seed: int,
+    batch_size: int = 8,
+    *,
+    method_options: Mapping | None = None,
+    scale: bool = False,
+    keep_round_masks: bool = False,
+    on_round: Callable[[RoundRecord], None] | None = None,
+) -> FederatedResult:
+    """Iterative FedPrLLM: one round per decoder block (module docstring).
+
+    Returns the global masks, the vote counts, and one :class:`RoundRecord` per block (bytes up
+    = sum over clients of the block's packed masks, bytes down = the global masks broadcast to
+    every client; with ``keep_round_masks`` also each client's local masks and the global masks
+    of that round). The model is left unchanged.
+    """
+    n = len(client_input_ids)
+    if n == 0:
+        raise ValueError("iterative pruning needs at least one client")
+    factory = get_method(method)
+    options = dict(method_options or {})
+    runners = None
+    if factory.needs_calibration:
+        if any(ids is None for ids in client_input_ids):
+            raise ValueError(f"method {method!r} needs calibration data for every client")
+        runners = [LayerwiseRunner(model, ids, batch_size) for ids in client_input_ids]
+    n_blocks = len(decoder_blocks(model))
+    result = FederatedResult("iterative", {}, {}, n)
+    for index in range(n_blocks):
+        linears = _block_linears(model, index)
+        infos = [LayerInfo(name, tuple(lin.weight.shape), index) for name, lin in linears.items()]
+        record = _round_cost(index, [index], infos, n, down=True, scale=scale)
+        votes = {name: torch.zeros(info.shape, dtype=torch.int16) for name, info in zip(linears, infos)}
+        kept_masks = [] if keep_round_masks else None
+        t_clients = 0.0
+        for c in range(n):
+            start = time.perf_counter()
+            pruners = {name: factory(linear, name, **options) for name, linear in linears.items()}
+            if runners is not None:
+                runners[c].collect(pruners)
+            decision = decide_block(pruners, sparsity, local_group, seed)
+            del pruners
+            for name, mask in decision.masks.items():
+                votes[name] += mask.to(torch.int16)
+            if kept_masks is not None:
+                kept_masks.append(decision.masks)
+            t_clients += time.perf_counter() - start
+        start = time.perf_counter()
+        global_masks = {
+            name: global_mask_from_votes(votes[name], _ratio(sparsity, name), server_group, seed, name)
+            for name in linears
+        }
+        weights = {}
+        if scale:
+            weights = {
+                name: lin.weight.detach() * scale_factors(votes[name], n).to(lin.weight.dtype)
+                for name, lin in linears.items()
+            }
+        decision = BlockDecision(masks=global_masks, weights=weights)
+        record.seconds_server = time.perf_counter() - start
+        start = time.perf_counter()
+        if runners is not None:
+            for runner in runners:
+                if index + 1 < n_blocks:
+                    runner.advance(decision)
+                else:
+                    runner.index += 1  # the last block's outputs are not needed
+        t_clients += time.perf_counter() - start
+        record.seconds_clients = t_clients
+        if keep_round_masks:
+            record.client_masks, record.global_masks = kept_masks, global_masks
+        result.masks.update(global_masks)
+        result.votes.update(votes)
+        result.rounds.append(record)
+        if on_round is not None:
+            on_round(record)
+    return result
+
+
+def one_shot_prune(
+    model: nn.Module,
+    client_input_ids: Sequence[torch.Tensor | None],
+    method: str,
+    sparsity: float | Mapping[str, float],
+    local_group: str,
+    server_group: str,
+    seed: int,
+    batch_size: int = 8,
+    *,
+    method_options: Mapping | None = None,
+    keep_client_masks: bool = False,
+) -> FederatedResult:
+    """One-shot FedPrLLM in memory: every client runs :func:`prune_locally`, votes are summed
+    as blocks finish (client masks are not kept unless asked), the server selects per layer."""
+    n = len(client_input_ids)
+    if n == 0:
+        raise ValueError("one-shot pruning needs at least one client")
+    layers = prunable_layers(model)
+    votes = {info.name: torch.zeros(info.shape, dtype=torch.int16) for info in layers}
+    record = communication_cost(layers, n, "one-shot").rounds[0]
+    kept = [] if keep_client_masks else None
+
+    def add(_index: int, decision: BlockDecision) -> None:
+        for name, mask in decision.masks.items():
+            votes[name] += mask.to(torch.int16)
+
+    for ids in client_input_ids:
+        start = time.perf_counter()
+        local = prune_locally(model, ids, method, sparsity, local_group, seed, batch_size,
+                              method_options, on_block=add if kept is None else None)
+        if kept is not None:
+            add(-1, local)
+            kept.append(local.masks)
+        del local
+        record.seconds_clients += time.perf_counter() - start
+    start = time.perf_counter()
+    masks = {
+        info.name: global_mask_from_votes(votes[info.name], _ratio(sparsity, info.name), server_group, seed, info.name)
+        for info in layers
+    }
+    record.seconds_server = time.perf_counter() - start
+    record.client_masks = kept
+    return FederatedResult("one-shot", masks, votes, n, [record])
+
+
+# --------------------------------------------------------------------------- FedSpaLLM
+
+
+def fedspallm_client(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    blocks: Sequence[int],
+    sparsity: float | Mapping[str, float],
+    seed: int,
+    *,
+    group: str = "layer",
+    batch_size: int = 8,
+    method: str = "sparsegpt_update",
+    method_options: Mapping | None = None,
+    global_weights: Mapping[str, torch.Tensor] | None = None,
+    global_masks: Mapping[str, torch.Tensor] | None = None,
+    on_block: Callable[[int, BlockDecision], None] | None = None,
+    keep: bool = True,
+) -> BlockDecision:
+    """One FedSpaLLM client round: prune ``blocks`` (SparseGPT with its OBS update by default)
+    starting from the current global weights of those blocks (``global_weights`` /
+    ``global_masks``; dense base weights where absent). Activations pass through the client's
+    own pruned version of sampled blocks and the dense base weights of unsampled ones (Eq. 9);
+    nothing after the last sampled block is run. Returns (when ``keep``) masks and updated
+    weights (0 where pruned) of the sampled blocks' linears; ``on_block`` streams them."""
+    sampled = sorted(set(int(b) for b in blocks))
+    if not sampled:
+        return BlockDecision(masks={})
+    factory = get_method(method)  # any method works; without an update the upload is the masked weights
+    options = dict(method_options or {})
+    global_weights, global_masks = global_weights or {}, global_masks or {}
+    runner = LayerwiseRunner(model, input_ids, batch_size)
+    result = BlockDecision(masks={})
+    last = sampled[-1]
+    for index in range(last + 1):
+        if index not in sampled:
+            runner.advance(None)  # Eq. 9: unsampled blocks stay dense on the client
+            continue
+        linears = runner.linears()
+        with weights_replaced(linears, global_masks, global_weights):
+            pruners = {name: factory(linear, name, **options) for name, linear in linears.items()}
+            runner.collect(pruners)
+            decision = decide_block(pruners, sparsity, group, seed)
+            for name, pruner in pruners.items():
+                if name not in decision.weights:  # mask-only method: the masked current weights
+                    decision.weights[name] = pruner.layer.weight.detach().float().cpu().masked_fill(decision.masks[name], 0.0)
+        del pruners
+        if index < last:
+            runner.advance(decision)
+        if keep:
+            result.masks.update(decision.masks)
+            result.weights.update(decision.weights)
+        if on_block is not None:
+            on_block(index, decision)
+    return result
+
+
+@dataclass
+class FedSpaLLMRound:
+    round: int
+    assignments: list[list[int]]  # per client: the blocks it pruned
+    blocks_updated: list[int]
+    bytes_up: int  # summed over clients: weights (weight_dtype) + packed masks of sampled layers
+    bytes_down: int  # summed over clients: current global weights (weight_dtype) + packed masks sent
+    seconds_clients: float = 0.0
+    seconds_server: float = 0.0
+
+
+@dataclass
+class FedSpaLLMResult:
+    """Global model = base model with ``weights`` (aggregated, 0 where ``masks``) for every
+    layer in ``weights``; blocks in ``uncovered`` stayed dense."""
+
+    weights: dict[str, torch.Tensor]
+    masks: dict[str, torch.Tensor]
+    votes: dict[str, torch.Tensor]
+    rounds: list[FedSpaLLMRound]
+    uncovered: list[int]
+    n_clients: int
+
+
+def fedspallm_prune(
+    model: nn.Module,
+    client_input_ids: Sequence[torch.Tensor],
+    strategy: FedSpaLLM,
+    *,
+    client_group: str = "layer",
+    batch_size: int = 8,
+    method_options: Mapping | None = None,
+    allow_uncovered: bool = False,
+    on_client: Callable[[int, int, BlockDecision], None] | None = None,
+) -> FedSpaLLMResult:
+    """Simulate ``strategy.rounds`` FedSpaLLM rounds (Algorithm 1) with one client per entry of
+    ``client_input_ids``. Clients run ``strategy.method`` with ``client_group`` at
+    ``strategy.sparsity``; the server ℓ0-aggregates and expands each block over the clients
+    that sampled it in that round. Uploads are rounded to ``strategy.weight_dtype`` as a real
+    upload would be. Raises if some block is never sampled unless ``allow_uncovered``.
+    ``on_client(round, client, decision)`` sees each client's full upload (its Standalone model
+    in a one-round, all-blocks run) before it is dropped."""
+    n = len(client_input_ids)
+    if n == 0:
+        raise ValueError("FedSpaLLM needs at least one client")
+    infos = prunable_layers(model)
+    by_block: dict[int, list[LayerInfo]] = {}
+    for info in infos:
+        by_block.setdefault(info.block, []).append(info)
+    n_blocks = len(by_block)
+    assignments = strategy.assignments(n, n_blocks)
+    uncovered = uncovered_blocks(assignments, n_blocks)
+    if uncovered and not allow_uncovered:
+        raise ValueError(
+            f"blocks {uncovered} are sampled by no client in {strategy.rounds} round(s) and would stay dense; "
+            "raise resources or rounds (cyclic sampling covers all blocks once sum(k_i) * T >= L), "
+            "or pass allow_uncovered=True"
+        )
+    dtype = {"float16": torch.float16, "float32": torch.float32}[strategy.weight_dtype]
+    wbytes = torch.empty((), dtype=dtype).element_size()
+    gweights: dict[str, torch.Tensor] = {}
+    gmasks: dict[str, torch.Tensor] = {}
+    gvotes: dict[str, torch.Tensor] = {}
+    rounds = []
+    for t, row in enumerate(assignments):
+        accs: dict[str, L0Accumulator] = {}
+        rec = FedSpaLLMRound(t, [list(b) for b in row], sorted({b for blocks in row for b in blocks}), 0, 0)
+        for c, blocks in enumerate(row):
+            layer_bytes = sum(info.shape[0] * info.shape[1] * wbytes + packed_bytes(info.shape[0] * info.shape[1])
+                              for b in blocks for info in by_block[b])
+            rec.bytes_up += layer_bytes
+            rec.bytes_down += layer_bytes
+            start = time.perf_counter()
+
+            def stream(_index: int, decision: BlockDecision) -> None:
+                for name, mask in decision.masks.items():
+                    if name not in accs:
+                        accs[name] = L0Accumulator(tuple(mask.shape), name)
+                    accs[name].add(mask, decision.weights[name].to(dtype))
+
+            upload = fedspallm_client(
+                model, client_input_ids[c], blocks, strategy.sparsity, strategy.seed,
+                group=client_group, batch_size=batch_size, method=strategy.method,
+                method_options=method_options, global_weights=gweights, global_masks=gmasks,
+                on_block=stream, keep=on_client is not None,
+            )
+            if on_client is not None:
+                on_client(t, c, upload)
+            del upload
+            rec.seconds_clients += time.perf_counter() - start
+        start = time.perf_counter()
+        for name, acc in accs.items():
+            gweights[name], gmasks[name], gvotes[name] = acc.finish(
+                strategy.sparsity, strategy.group, strategy.seed, strategy.rounding)
+        del accs
+        rec.seconds_server = time.perf_counter() - start
+        rounds.append(rec)
+    order = [info.name for info in infos if info.name in gweights]
+    return FedSpaLLMResult(
+        weights={k: gweights[k] for k in order}, masks={k: gmasks[k] for k in order},
+        votes={k: gvotes[k] for k in order}, rounds=rounds, uncovered=uncovered, n_clients=n,
+    )
+
+
+def standalone_prune(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    sparsity: float,
+    seed: int,
+    *,
+    group: str = "layer",
+    batch_size: int = 8,
+    method: str = "sparsegpt_update",
+    method_options: Mapping | None = None,
+) -> BlockDecision:
+    """FedSpaLLM's Standalone baseline: one client's own pruned model (SparseGPT with update on
+    its data alone): masks and updated weights of every prunable linear. Evaluate it by loading
+    ``weights`` into a copy of the model (:func:`fedlib.server.fedspallm.apply_weights`)."""
+    return prune_locally(model, input_ids, method, sparsity, group, seed, batch_size, method_options)
