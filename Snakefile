@@ -15,5 +15,6 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        table1_outputs(),
+        f"{REPORTS}/table1.md",
+        f"{REPORTS}/table1.csv",
     default_target: True

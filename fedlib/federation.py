@@ -16,7 +16,11 @@ FedPrLLM (Sections 3.2.3 and 4.2.3 of the paper)
     With ``scale=True`` the global block l is ``W ⊙ (1 - M) ⊙ (m - M̂)/m`` and clients propagate
     through that (as the official FedPrLLM code does), so the broadcast carries the vote counts
     too. Methods with a weight update (``sparsegpt_update``) only contribute masks: the FedPrLLM
-    global model is the base weights under the global mask.
+    global model is the base weights under the global mask. Methods that allocate per-layer
+    ratios (OWL's plan on the client's own data, BESA's per-block allocation on the client's
+    activations) do so per client exactly as in :func:`prune_locally`; the server prunes each
+    layer at ``sparsity`` (a float, or an explicit per-layer mapping), like the one-shot server,
+    unless ``server_sparsity`` says otherwise (e.g. the mean of the clients' planned ratios).
 
 FedSpaLLM (see :mod:`fedlib.server.fedspallm` for aggregation, expansion and sampling)
     :func:`fedspallm_client` is one client's round; :func:`fedspallm_prune` simulates T rounds with
@@ -46,7 +50,10 @@ from torch import nn
 
 from fedlib.methods import get_method
 from fedlib.models import LayerInfo, block_linears, block_path, decoder_blocks, prunable_layers
-from fedlib.recursion import BlockDecision, LayerwiseRunner, decide_block, prune_locally, weights_replaced
+from fedlib.recursion import (
+    BlockDecision, LayerwiseRunner, block_sparsity, decide_block, plan_sparsity, prune_locally,
+    weights_replaced,
+)
 from fedlib.server.fedprllm import global_mask_from_votes, scale_factors
 from fedlib.server.fedspallm import FedSpaLLM, L0Accumulator, uncovered_blocks
 
@@ -190,13 +197,15 @@ def iterative_prune(
     scale: bool = False,
     keep_round_masks: bool = False,
     on_round: Callable[[RoundRecord], None] | None = None,
+    server_sparsity: float | Mapping[str, float] | None = None,
 ) -> FederatedResult:
     """Iterative FedPrLLM: one round per decoder block (module docstring).
 
     Returns the global masks, the vote counts, and one :class:`RoundRecord` per block (bytes up
     = sum over clients of the block's packed masks, bytes down = the global masks broadcast to
     every client; with ``keep_round_masks`` also each client's local masks and the global masks
-    of that round). The model is left unchanged.
+    of that round). The server prunes each layer at ``server_sparsity`` (default ``sparsity``).
+    The model is left unchanged.
     """
     n = len(client_input_ids)
     if n == 0:
@@ -204,9 +213,15 @@ def iterative_prune(
     factory = get_method(method)
     options = dict(method_options or {})
     runners = None
+    client_sparsity = [sparsity] * n
     if factory.needs_calibration:
         if any(ids is None for ids in client_input_ids):
             raise ValueError(f"method {method!r} needs calibration data for every client")
+        # OWL-style planned ratios: each client plans on its own data, before its runner
+        client_sparsity = [
+            plan_sparsity(factory, model, ids, sparsity, local_group, options, batch_size)
+            for ids in client_input_ids
+        ]
         runners = [LayerwiseRunner(model, ids, batch_size) for ids in client_input_ids]
     n_blocks = len(decoder_blocks(model))
     result = FederatedResult("iterative", {}, {}, n)
@@ -220,9 +235,11 @@ def iterative_prune(
         for c in range(n):
             start = time.perf_counter()
             pruners = {name: factory(linear, name, **options) for name, linear in linears.items()}
+            ratios = client_sparsity[c]
             if runners is not None:
                 runners[c].collect(pruners)
-            decision = decide_block(pruners, sparsity, local_group, seed)
+                ratios = block_sparsity(factory, runners[c], pruners, ratios, local_group, seed, options)
+            decision = decide_block(pruners, ratios, local_group, seed)
             del pruners
             for name, mask in decision.masks.items():
                 votes[name] += mask.to(torch.int16)
@@ -230,8 +247,9 @@ def iterative_prune(
                 kept_masks.append(decision.masks)
             t_clients += time.perf_counter() - start
         start = time.perf_counter()
+        target = sparsity if server_sparsity is None else server_sparsity
         global_masks = {
-            name: global_mask_from_votes(votes[name], _ratio(sparsity, name), server_group, seed, name)
+            name: global_mask_from_votes(votes[name], _ratio(target, name), server_group, seed, name)
             for name in linears
         }
         weights = {}
@@ -338,6 +356,7 @@ def fedspallm_client(
     factory = get_method(method)  # any method works; without an update the upload is the masked weights
     options = dict(method_options or {})
     global_weights, global_masks = global_weights or {}, global_masks or {}
+    sparsity = plan_sparsity(factory, model, input_ids, sparsity, group, options, batch_size)
     runner = LayerwiseRunner(model, input_ids, batch_size)
     result = BlockDecision(masks={})
     last = sampled[-1]
@@ -349,7 +368,8 @@ def fedspallm_client(
         with weights_replaced(linears, global_masks, global_weights):
             pruners = {name: factory(linear, name, **options) for name, linear in linears.items()}
             runner.collect(pruners)
-            decision = decide_block(pruners, sparsity, group, seed)
+            ratios = block_sparsity(factory, runner, pruners, sparsity, group, seed, options)
+            decision = decide_block(pruners, ratios, group, seed)
             for name, pruner in pruners.items():
                 if name not in decision.weights:  # mask-only method: the masked current weights
                     decision.weights[name] = pruner.layer.weight.detach().float().cpu().masked_fill(decision.masks[name], 0.0)
@@ -370,7 +390,9 @@ class FedSpaLLMRound:
     assignments: list[list[int]]  # per client: the blocks it pruned
     blocks_updated: list[int]
     bytes_up: int  # summed over clients: weights (weight_dtype) + packed masks of sampled layers
-    bytes_down: int  # summed over clients: current global weights (weight_dtype) + packed masks sent
+    #: summed over clients: global weights (weight_dtype) + packed masks of the sampled blocks that
+    #: are already aggregated (still-dense blocks come from the client's cached model: 0 bytes)
+    bytes_down: int
     seconds_clients: float = 0.0
     seconds_server: float = 0.0
 
@@ -432,10 +454,10 @@ def fedspallm_prune(
         accs: dict[str, L0Accumulator] = {}
         rec = FedSpaLLMRound(t, [list(b) for b in row], sorted({b for blocks in row for b in blocks}), 0, 0)
         for c, blocks in enumerate(row):
-            layer_bytes = sum(info.shape[0] * info.shape[1] * wbytes + packed_bytes(info.shape[0] * info.shape[1])
-                              for b in blocks for info in by_block[b])
-            rec.bytes_up += layer_bytes
-            rec.bytes_down += layer_bytes
+            sizes = [(info.name, info.shape[0] * info.shape[1]) for b in blocks for info in by_block[b]]
+            rec.bytes_up += sum(n * wbytes + packed_bytes(n) for _, n in sizes)
+            # a block still dense is in the client's cached model: only aggregated ones are sent
+            rec.bytes_down += sum(n * wbytes + packed_bytes(n) for name, n in sizes if name in gweights)
             start = time.perf_counter()
 
             def stream(_index: int, decision: BlockDecision) -> None:

@@ -211,6 +211,42 @@ def decide_block(
     return decision
 
 
+def plan_sparsity(
+    factory: type[LayerPruner],
+    model: nn.Module,
+    input_ids: torch.Tensor | None,
+    sparsity: float | Mapping[str, float],
+    group: str,
+    options: Mapping,
+    batch_size: int = 8,
+) -> float | Mapping[str, float]:
+    """Per-layer ratios for methods that plan them before pruning (OWL's dense pre-pass, a
+    ``plan`` classmethod); otherwise ``sparsity`` unchanged. An explicit per-layer mapping is
+    always used as given. Call once per client, before its :class:`LayerwiseRunner`."""
+    plan = getattr(factory, "plan", None)
+    if plan is None or isinstance(sparsity, Mapping):
+        return sparsity
+    return plan(model, input_ids, sparsity, group=group, options=options, batch_size=batch_size)
+
+
+def block_sparsity(
+    factory: type[LayerPruner],
+    runner: LayerwiseRunner,
+    pruners: Mapping[str, LayerPruner],
+    sparsity: float | Mapping[str, float],
+    group: str,
+    seed: int,
+    options: Mapping,
+) -> float | Mapping[str, float]:
+    """The ratios to prune the runner's current block at, after :meth:`LayerwiseRunner.collect`:
+    learned on the block's inputs for methods with an ``allocate_block`` classmethod (BESA),
+    otherwise ``sparsity`` unchanged."""
+    allocate = getattr(factory, "allocate_block", None)
+    if allocate is None or isinstance(sparsity, Mapping):
+        return sparsity
+    return allocate(runner, pruners, sparsity, group, seed, options)
+
+
 def prune_locally(
     model: nn.Module,
     input_ids: torch.Tensor | None,
@@ -241,21 +277,12 @@ def prune_locally(
         return result
     if input_ids is None:
         raise ValueError(f"method {method!r} needs calibration data")
-    # Non-uniform allocations: OWL plans every layer's ratio in a dense pre-pass (``plan``),
-    # BESA learns each block's ratios on that block's inputs (``allocate_block``). An explicit
-    # per-layer mapping passed as ``sparsity`` is used as given.
-    plan = getattr(factory, "plan", None)
-    allocate_block = getattr(factory, "allocate_block", None)
-    if plan is not None and not isinstance(sparsity, Mapping):
-        sparsity = plan(model, input_ids, sparsity, group=group, options=options,
-                        batch_size=batch_size)
+    sparsity = plan_sparsity(factory, model, input_ids, sparsity, group, options, batch_size)
     runner = LayerwiseRunner(model, input_ids, batch_size)
     for index in range(len(runner.blocks)):
         pruners = {name: factory(linear, name, **options) for name, linear in runner.linears().items()}
         runner.collect(pruners)
-        ratios = sparsity
-        if allocate_block is not None and not isinstance(sparsity, Mapping):
-            ratios = allocate_block(runner, pruners, sparsity, group, seed, options)
+        ratios = block_sparsity(factory, runner, pruners, sparsity, group, seed, options)
         decision = decide_block(pruners, ratios, group, seed)
         del pruners
         if index + 1 < len(runner.blocks):

@@ -58,8 +58,9 @@ def workdir(tmp_path_factory, tiny_model_dir, data_dir):
 
 def test_dry_run_plans_every_stage(workdir):
     jobs = planned_jobs(snakemake(workdir, "--configfile", "config.yaml", "-n"))
-    assert jobs["client_mask"] == 4  # 3 clients + Centralized
-    assert jobs["aggregate"] == 2 and jobs["evaluate_perplexity"] == 1 + 1 + 1 + 4
+    assert jobs["client_mask"] == 3 and jobs["centralized_mask"] == 1
+    assert jobs["aggregate"] == 2 and jobs["evaluate_dense"] == 1
+    assert jobs["evaluate_perplexity"] == 1 + 1 + 4  # Centralized, 1 Local-only, 2 groups x 2 scalings
     assert jobs["client_data"] == 3 and jobs["table1"] == 1
 
 
@@ -75,9 +76,10 @@ def test_real_run_then_reruns_only_what_changed(workdir, tiny_model_dir, data_di
             assert float(value.split(" ")[0]) > 1.0
     markdown = (workdir / "reports" / "table1.md").read_text()
     assert str(tiny_model_dir) in markdown and "held-out documents" in markdown
-    for rule in ("client_mask", "aggregate", "evaluate", "table1"):
-        assert any((workdir / "results" / "logs").rglob("*")), rule
-    assert any((workdir / "results" / "benchmarks" / "client_mask").glob("*.tsv"))
+    for rule in ("client_mask", "aggregate", "evaluate", "report"):  # log: and benchmark: on every rule
+        assert any((workdir / "results" / "logs" / rule).rglob("*.log")), rule
+    for rule in ("client_mask", "aggregate", "evaluate", "report"):
+        assert any((workdir / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
 
     # a rerun does nothing
     assert "Nothing to be done" in snakemake(workdir, "--configfile", "config.yaml", "-n")
@@ -85,18 +87,19 @@ def test_real_run_then_reruns_only_what_changed(workdir, tiny_model_dir, data_di
     # an evaluation setting changes: evaluation reruns, no mask is recomputed
     (workdir / "config_eval.yaml").write_text(yaml.safe_dump(tiny_config(tiny_model_dir, data_dir, windows=3)))
     jobs = planned_jobs(snakemake(workdir, "--configfile", "config_eval.yaml", "-n"))
-    assert jobs.get("evaluate_perplexity") == 7 and "client_mask" not in jobs and "aggregate" not in jobs
+    assert jobs.get("evaluate_perplexity") == 6 and jobs.get("evaluate_dense") == 1
+    assert "client_mask" not in jobs and "centralized_mask" not in jobs and "aggregate" not in jobs
 
     # one client's data changes: only that client's mask and what depends on it
     # (a touch is not a change: Snakemake compares checksums of small inputs)
-    shard = workdir / "results" / "data" / "client_2.safetensors"
+    shard = workdir / "results" / "shards" / "c4-3x32" / "iid-3" / "client_2.safetensors"
     ids, meta = load_tokens(shard)
     save_tokens(shard, ids.flip(1), **meta)
     jobs = planned_jobs(snakemake(workdir, "--configfile", "config.yaml", "-n"))
     assert jobs["client_mask"] == 1 and jobs["aggregate"] == 2
-    assert "client_data" not in jobs and "calibration_pool" not in jobs
+    assert "client_data" not in jobs and "calibration_pool" not in jobs and "centralized_mask" not in jobs
     # client 2 is not a Local-only client here: Dense, Centralized and Local-only stay
-    assert jobs["evaluate_perplexity"] == 4
+    assert jobs["evaluate_perplexity"] == 4 and "evaluate_dense" not in jobs
 
 
 def test_invalid_config_is_rejected(tmp_path, tiny_model_dir, data_dir):

@@ -340,10 +340,13 @@ class WeightFile(MaskFile):
     def layer_names(self) -> list[str]:
         return [layer["name"] for layer in self.header.layers]
 
+    def has_layer(self, name: str) -> bool:
+        return name in self._shapes
+
     def layer_weight(self, name: str, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The layer's weights as float32, checked: dtype, shape, finite, 0 where pruned."""
         key = f"{WEIGHT_PREFIX}{name}"
-        if name not in self._shapes:
+        if not self.has_layer(name):
             raise MaskFileError(self.path, key, "layer not in this file")
         weight = self._tensor(key)
         shape = tuple(self._shapes[name]["shape"])
@@ -485,7 +488,7 @@ class FedSpaLLM:
         prev_names = set(prev.layer_names) if prev is not None else set()
         masks, weights, votes, covered, clients_per_layer = {}, {}, {}, [], {}
         for info in layers:
-            senders = [f for f in files if info.name in f._shapes]
+            senders = [f for f in files if f.has_layer(info.name)]
             if senders:
                 acc = L0Accumulator(info.shape, info.name)
                 for f in senders:

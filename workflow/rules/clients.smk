@@ -1,39 +1,57 @@
-PRUNING = config["pruning"]
-
-
-def calibration_file(wildcards):
-    if wildcards.source == "centralized":
-        return f"{RESULTS}/data/pool.safetensors"
-    return f"{RESULTS}/data/{wildcards.source}.safetensors"
+def _mask_params(wc):
+    method, sparsity, group = parse_prune(wc.prune)
+    return f"--method {method} --sparsity {sparsity} --group {group_arg(group)}"
 
 
 rule client_mask:
-    """What a client computes on its own machine and sends: its mask file. The Centralized
-    baseline is the same computation on the whole pool."""
+    """What a client computes on its own machine and sends: its mask file."""
     input:
         model=MODEL_READY,
-        calib=calibration_file,
+        calib=f"{RESULTS}/shards/{{calib}}/{{split}}/client_{{client}}.safetensors",
     output:
-        f"{RESULTS}/masks/{{source}}.mask.safetensors",
-    wildcard_constraints:
-        source=r"client_\d+|centralized",
+        f"{RESULTS}/masks/{{calib}}/{{split}}/{{prune}}/client_{{client}}.mask.safetensors",
     params:
         model=model_dir(),
-        method=PRUNING["method"],
-        sparsity=PRUNING["sparsity"],
-        group=PRUNING["local_group"],
+        pruning=_mask_params,
         seed=config["seed"],
-        batch_size=PRUNING.get("batch_size", 8),
-        client_id=lambda wc: wc.source.replace("client_", ""),
+        batch_size=config["pruning"].get("batch_size", 8),
     threads: config.get("threads", 2)
     resources:
         mem_mb=4000,
+    conda:
+        "../../envs/fedlib.yaml"
     log:
-        f"{LOGS}/client_mask/{{source}}.log",
+        f"{LOGS}/client_mask/{{calib}}/{{split}}/{{prune}}/{{client}}.log",
     benchmark:
-        f"{BENCH}/client_mask/{{source}}.tsv"
+        f"{BENCH}/client_mask/{{calib}}/{{split}}/{{prune}}/{{client}}.tsv"
     shell:
-        "{FEDLIB} client-mask --model {params.model} --calib {input.calib} --method {params.method} "
-        "--sparsity {params.sparsity} --group {params.group} --seed {params.seed} "
-        "--client-id {params.client_id} --batch-size {params.batch_size} --threads {threads} "
-        "--out {output} > {log} 2>&1"
+        "{FEDLIB} client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        "--seed {params.seed} --client-id {wildcards.client} --batch-size {params.batch_size} "
+        "--threads {threads} --out {output} > {log} 2>&1"
+
+
+rule centralized_mask:
+    """Centralized baseline: the same computation on the whole calibration pool."""
+    input:
+        model=MODEL_READY,
+        calib=f"{RESULTS}/pools/{{calib}}.safetensors",
+    output:
+        f"{RESULTS}/masks/{{calib}}/central/{{prune}}/centralized.mask.safetensors",
+    params:
+        model=model_dir(),
+        pruning=_mask_params,
+        seed=config["seed"],
+        batch_size=config["pruning"].get("batch_size", 8),
+    threads: config.get("threads", 2)
+    resources:
+        mem_mb=4000,
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/centralized_mask/{{calib}}/{{prune}}.log",
+    benchmark:
+        f"{BENCH}/centralized_mask/{{calib}}/{{prune}}.tsv"
+    shell:
+        "{FEDLIB} client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        "--seed {params.seed} --client-id centralized --batch-size {params.batch_size} "
+        "--threads {threads} --out {output} > {log} 2>&1"

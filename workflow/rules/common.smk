@@ -12,6 +12,21 @@ LOGS = f"{RESULTS}/logs"
 BENCH = f"{RESULTS}/benchmarks"
 FEDLIB = "fedlib"
 EMBEDDED_MODELS = {"smollm2-135m"}
+EVAL = config["evaluation"]
+
+# An experiment setting is three path components, so every table can mix settings and
+# Snakemake reruns exactly what a changed setting touches:
+#   calib  {dataset}-{nsamples}x{seqlen}  e.g. c4-32x512   (mix-8x512: 8 samples from each of
+#          WikiText-2, C4 and PTB, the non-IID pool)
+#   split  iid-{clients} or dir{alpha}-{clients}         e.g. iid-16, dir5-12
+#   prune  {method}-{sparsity}-{local group}              e.g. wanda-0.5-row, wanda-0.5-2of4
+wildcard_constraints:
+    calib=r"(c4|wikitext2|ptb|mix)-\d+x\d+",
+    split=r"(iid|dir[0-9.]+)-\d+",
+    prune=r"[a-z_]+-[0-9.]+-(row|layer|column|\d+of\d+)",
+    client=r"\d+",
+    group=r"row|layer|column|\d+of\d+",
+    dataset=r"wikitext2|c4|ptb",
 
 
 def _commit():
@@ -30,59 +45,94 @@ def model_dir():
     return f"resources/models/{name.replace('/', '--')}"
 
 
+MODEL_READY = f"{model_dir()}/config.json"
+
+
 def data_dir_arg():
     return config["data_dir"] if config["data_dir"] else "hub"
-
-
-def client_ids():
-    return list(range(config["clients"]["n"]))
-
-
-def local_only_ids():
-    return client_ids()[: config["baselines"].get("local_only_clients", 4)]
 
 
 def span_arg(flag, value):
     return f"{flag} {value[0]} {value[1]}" if value else ""
 
 
-def variant_mask(label):
+def group_arg(group):
+    """Path spelling -> CLI spelling of a comparison group (2of4 -> 2:4)."""
+    return group.replace("of", ":")
+
+
+def parse_calib(calib):
+    dataset, size = calib.split("-")
+    nsamples, seqlen = size.split("x")
+    return dataset, int(nsamples), int(seqlen)
+
+
+def parse_split(split):
+    kind, clients = split.split("-")
+    return kind, int(clients)
+
+
+def parse_prune(prune):
+    method, sparsity, group = prune.split("-")
+    return method, float(sparsity), group
+
+
+def setting(calib=None, split=None, prune=None):
+    """Path components of a setting; unspecified parts come from the default experiment."""
+    c, p = config["calibration"], config["pruning"]
+    calib = calib or f"{c['dataset']}-{c['nsamples']}x{c['seqlen']}"
+    split = split or f"{config['clients'].get('partition', 'iid')}-{config['clients']['n']}"
+    prune = prune or f"{p['method']}-{p['sparsity']}-{p['local_group'].replace(':', 'of')}"
+    return calib, split, prune
+
+
+def eval_json(calib, split, prune, label):
+    if label == "dense":
+        return f"{RESULTS}/eval/dense.json"
+    return f"{RESULTS}/eval/{calib}/{split}/{prune}/{label}.json"
+
+
+def variant_mask(calib, split, prune, label):
     """Evaluation label -> (mask file or None, scale flag)."""
     if label == "dense":
         return None, False
     if label == "centralized":
-        return f"{RESULTS}/masks/centralized.mask.safetensors", False
+        return f"{RESULTS}/masks/{calib}/central/{prune}/centralized.mask.safetensors", False
     if label.startswith("local_"):
-        return f"{RESULTS}/masks/client_{label[len('local_'):]}.mask.safetensors", False
+        return f"{RESULTS}/masks/{calib}/{split}/{prune}/client_{label[len('local_'):]}.mask.safetensors", False
     _, strategy, group, scale = label.split("_")
-    return f"{RESULTS}/global/{strategy}_{group}.mask.safetensors", scale == "scale"
+    return f"{RESULTS}/global/{calib}/{split}/{prune}/{strategy}_{group}.mask.safetensors", scale == "scale"
 
 
-def table1_labels():
-    labels = ["dense", "centralized"] + [f"local_{i}" for i in local_only_ids()]
-    for group in config["server"]["groups"]:
-        for scaled in config["server"]["scaling"]:
-            labels.append(f"fedprllm_oneshot_{group}_{'scale' if scaled else 'noscale'}")
-    return labels
+def local_only_labels(split):
+    _, n = parse_split(split)
+    return [f"local_{i}" for i in range(min(n, config["baselines"].get("local_only_clients", 4)))]
 
 
-def report_context():
-    p = config["pruning"]
-    c = config["calibration"]
+def fedprllm_labels(strategies=("oneshot",), groups=None, scalings=None):
+    groups = groups or config["server"]["groups"]
+    scalings = scalings if scalings is not None else config["server"]["scaling"]
+    return [
+        f"fedprllm_{strategy}_{group.replace(':', 'of')}_{'scale' if scaled else 'noscale'}"
+        for strategy in strategies for scaled in scalings for group in groups
+    ]
+
+
+def report_context(calib, split, prune, title_extra=""):
+    dataset, nsamples, seqlen = parse_calib(calib)
+    kind, n = parse_split(split)
+    method, sparsity, group = parse_prune(prune)
+    partition = "IID" if kind == "iid" else f"Dirichlet(alpha={kind[3:]})"
     return {
         "model": config["model"]["name"],
         "config": workflow.configfiles[-1] if workflow.configfiles else "config.yaml",
         "seed": config["seed"],
         "commit": _commit(),
-        "method": p["method"],
-        "sparsity": p["sparsity"],
+        "method": method,
+        "sparsity": sparsity,
         "setting": (
-            f"{config['clients']['n']} clients, {c['nsamples']} calibration samples x {c['seqlen']} "
-            f"tokens from {c['dataset']} ({config['clients'].get('partition', 'iid')} split); "
-            f"local method {p['method']} with {p['local_group']} comparison at {p['sparsity']:.0%}"
+            f"{n} clients, {nsamples} calibration samples x {seqlen} tokens from {dataset} "
+            f"({partition} split); local method {method} with {group_arg(group)} comparison "
+            f"at {sparsity:.0%}{title_extra}"
         ),
     }
-
-
-def table1_outputs():
-    return [f"{REPORTS}/table1.md", f"{REPORTS}/table1.csv"]

@@ -1,24 +1,23 @@
-MODEL_READY = f"{model_dir()}/config.json"
-
-
 rule calibration_pool:
-    """All calibration samples (seeded random windows); the Centralized baseline uses them all."""
+    """All calibration samples of a setting (seeded random windows); Centralized uses them all."""
     input:
         MODEL_READY,
     output:
-        f"{RESULTS}/data/pool.safetensors",
+        f"{RESULTS}/pools/{{calib}}.safetensors",
     params:
         model=model_dir(),
         data_dir=data_dir_arg(),
-        dataset=config["calibration"]["dataset"],
-        nsamples=config["calibration"]["nsamples"],
-        seqlen=config["calibration"]["seqlen"],
+        dataset=lambda wc: parse_calib(wc.calib)[0],
+        nsamples=lambda wc: parse_calib(wc.calib)[1],
+        seqlen=lambda wc: parse_calib(wc.calib)[2],
         seed=config["seed"],
         docs=span_arg("--docs", config["calibration"].get("c4_docs")),
+    conda:
+        "../../envs/fedlib.yaml"
     log:
-        f"{LOGS}/calibration_pool.log",
+        f"{LOGS}/calibration_pool/{{calib}}.log",
     benchmark:
-        f"{BENCH}/calibration_pool.tsv"
+        f"{BENCH}/calibration_pool/{{calib}}.tsv"
     shell:
         "{FEDLIB} calibration-pool --model {params.model} --data-dir {params.data_dir} "
         "--dataset {params.dataset} --nsamples {params.nsamples} --seqlen {params.seqlen} "
@@ -28,17 +27,19 @@ rule calibration_pool:
 rule client_data:
     """One client's private calibration shard."""
     input:
-        f"{RESULTS}/data/pool.safetensors",
+        f"{RESULTS}/pools/{{calib}}.safetensors",
     output:
-        f"{RESULTS}/data/client_{{client}}.safetensors",
+        f"{RESULTS}/shards/{{calib}}/{{split}}/client_{{client}}.safetensors",
     params:
-        n=config["clients"]["n"],
-        partition=config["clients"].get("partition", "iid"),
+        n=lambda wc: parse_split(wc.split)[1],
+        partition=lambda wc: parse_split(wc.split)[0],
         seed=config["seed"],
+    conda:
+        "../../envs/fedlib.yaml"
     log:
-        f"{LOGS}/client_data/{{client}}.log",
+        f"{LOGS}/client_data/{{calib}}/{{split}}/{{client}}.log",
     benchmark:
-        f"{BENCH}/client_data/{{client}}.tsv"
+        f"{BENCH}/client_data/{{calib}}/{{split}}/{{client}}.tsv"
     shell:
         "{FEDLIB} client-data --pool {input} --n-clients {params.n} --client {wildcards.client} "
         "--partition {params.partition} --seed {params.seed} --out {output} > {log} 2>&1"
@@ -52,9 +53,11 @@ rule eval_windows:
     params:
         model=model_dir(),
         data_dir=data_dir_arg(),
-        seqlen=config["evaluation"]["seqlen"],
-        windows=lambda wc: f"--windows {config['evaluation']['windows']}" if config["evaluation"].get("windows") else "",
-        c4_docs=span_arg("--c4-docs", config["evaluation"].get("c4_docs")),
+        seqlen=EVAL["seqlen"],
+        windows=f"--windows {EVAL['windows']}" if EVAL.get("windows") else "",
+        c4_docs=span_arg("--c4-docs", EVAL.get("c4_docs")),
+    conda:
+        "../../envs/fedlib.yaml"
     log:
         f"{LOGS}/eval_windows/{{dataset}}.log",
     benchmark:

@@ -1,35 +1,60 @@
-EVAL = config["evaluation"]
+EVAL_WINDOWS = expand(f"{RESULTS}/eval_windows/{{dataset}}.safetensors", dataset=EVAL["datasets"])
 
 
-def evaluation_inputs(wildcards):
-    mask, _ = variant_mask(wildcards.label)
-    inputs = {
-        "model": MODEL_READY,
-        "windows": expand(f"{RESULTS}/eval_windows/{{dataset}}.safetensors", dataset=EVAL["datasets"]),
-    }
-    if mask:
-        inputs["mask"] = mask
-    return inputs
+def _variant(wc):
+    return variant_mask(wc.calib, wc.split, wc.prune, wc.label)
+
+
+def _evaluation_inputs(wc):
+    mask, _ = _variant(wc)
+    return {"model": MODEL_READY, "windows": EVAL_WINDOWS, **({"mask": mask} if mask else {})}
+
+
+rule evaluate_dense:
+    input:
+        model=MODEL_READY,
+        windows=EVAL_WINDOWS,
+    output:
+        f"{RESULTS}/eval/dense.json",
+    params:
+        model=model_dir(),
+        batch_size=EVAL.get("batch_size", 1),
+    threads: config.get("threads", 2)
+    resources:
+        mem_mb=4000,
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/evaluate/dense.log",
+    benchmark:
+        f"{BENCH}/evaluate/dense.tsv"
+    shell:
+        "{FEDLIB} evaluate --model {params.model} --windows {input.windows} --label dense "
+        "--batch-size {params.batch_size} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule evaluate_perplexity:
     """Perplexity of one variant: the base model with its mask applied in memory."""
     input:
-        unpack(evaluation_inputs),
+        unpack(_evaluation_inputs),
     output:
-        f"{RESULTS}/eval/{{label}}.json",
+        f"{RESULTS}/eval/{{calib}}/{{split}}/{{prune}}/{{label}}.json",
+    wildcard_constraints:
+        label=r"centralized|local_\d+|fedprllm_(oneshot|iterative)_(row|layer|column|\d+of\d+)_(scale|noscale)",
     params:
         model=model_dir(),
-        mask=lambda wc: f"--mask {variant_mask(wc.label)[0]}" if variant_mask(wc.label)[0] else "",
-        scale=lambda wc: "--scale" if variant_mask(wc.label)[1] else "",
+        mask=lambda wc: f"--mask {_variant(wc)[0]}",
+        scale=lambda wc: "--scale" if _variant(wc)[1] else "",
         batch_size=EVAL.get("batch_size", 1),
     threads: config.get("threads", 2)
     resources:
         mem_mb=4000,
+    conda:
+        "../../envs/fedlib.yaml"
     log:
-        f"{LOGS}/evaluate/{{label}}.log",
+        f"{LOGS}/evaluate/{{calib}}/{{split}}/{{prune}}/{{label}}.log",
     benchmark:
-        f"{BENCH}/evaluate/{{label}}.tsv"
+        f"{BENCH}/evaluate/{{calib}}/{{split}}/{{prune}}/{{label}}.tsv"
     shell:
         "{FEDLIB} evaluate --model {params.model} {params.mask} {params.scale} "
         "--windows {input.windows} --label {wildcards.label} --batch-size {params.batch_size} "

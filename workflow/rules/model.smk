@@ -4,6 +4,8 @@ rule materialize_model:
         weights=f"resources/models/{{model}}/model.safetensors",
     params:
         name=lambda wc: wc.model.replace("--", "/"),
+    conda:
+        "../../envs/fedlib.yaml"
     log:
         f"{LOGS}/materialize_model/{{model}}.log",
     benchmark:
