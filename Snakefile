@@ -11,6 +11,7 @@ include: "workflow/rules/clients.smk"
 include: "workflow/rules/server.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/studies.smk"
 
 
 rule all:

@@ -75,6 +75,7 @@ def cmd_client_data(args) -> None:
 def cmd_client_mask(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.maskfile import write_mask_file
+    from fedlib.methods import method_allocation
     from fedlib.models import fingerprint, load_model, prunable_layers
     from fedlib.recursion import prune_locally
 
@@ -90,6 +91,7 @@ def cmd_client_mask(args) -> None:
         Path(args.out), result.masks, prunable_layers(model),
         fingerprint=fingerprint(model), role="client", client_id=args.client_id,
         method=args.method, group=args.group, sparsity=args.sparsity,
+        allocation=method_allocation(args.method),
         n_samples=0 if ids is None else ids.shape[0], seed=args.seed,
     )
     print(f"wrote {args.out} ({args.method}, {args.group}, {args.sparsity}) "
@@ -177,10 +179,9 @@ def cmd_inspect(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from fedlib.report import write_table1
+    from fedlib.report import write_perplexity_table
 
-    write_table1([Path(p) for p in args.results], Path(args.out_md), Path(args.out_csv),
-                 json.loads(args.context))
+    write_perplexity_table(json.loads(args.spec), Path(args.out_md), Path(args.out_csv))
 
 
 # --------------------------------------------------------------------------- parser
@@ -268,11 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("inspect", cmd_inspect, "print a mask file's header (checked)")
     p.add_argument("mask")
 
-    p = verb("report", cmd_report, "write the Table 1 analogue from evaluation results")
-    p.add_argument("--context", required=True, help="JSON: config and model facts for the header")
+    p = verb("report", cmd_report, "write a perplexity table (Markdown + CSV) from evaluation results")
+    p.add_argument("--spec", required=True, help="JSON: title, context, columns, rows -> result files")
     p.add_argument("--out-md", required=True)
     p.add_argument("--out-csv", required=True)
-    p.add_argument("results", nargs="+")
     return parser
 
 

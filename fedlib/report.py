@@ -33,16 +33,8 @@ def write_table(md_path: Path, csv_path: Path, title: str, header_lines: Sequenc
     write_text_atomic(csv_path, buffer.getvalue())
 
 
-def load_results(paths: Sequence[Path]) -> dict[str, dict]:
-    results = {}
-    for path in paths:
-        data = json.loads(Path(path).read_text())
-        results[data["label"]] = data
-    return results
-
-
-def _ppl(result: dict, dataset: str) -> float:
-    return result["perplexity"][dataset]["ppl"]
+def _load(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
 
 
 def _mean_std(values: list[float]) -> str:
@@ -51,19 +43,19 @@ def _mean_std(values: list[float]) -> str:
     return f"{fmt_ppl(statistics.mean(values))} ± {fmt_ppl(statistics.stdev(values))}"
 
 
-def provenance_lines(context: dict, results: dict[str, dict]) -> list[str]:
+def provenance_lines(context: dict, example: dict) -> list[str]:
+    """Header lines every table carries: model + fingerprint, config, seed, version, commit,
+    the setting and exactly which evaluation windows were scored."""
     from fedlib import __version__
 
-    any_result = next(iter(results.values()))
     lines = [
-        f"Model: {context['model']} (fingerprint {any_result.get('model_fingerprint', '?')[:16]})",
+        f"Model: {context['model']} (fingerprint {example.get('model_fingerprint', '?')[:16]})",
         f"Config: {context.get('config', '?')}; seed {context.get('seed')}; "
         f"fedlib {__version__}, commit {context.get('commit', '?')}",
     ]
-    if "setting" in context:
-        lines.append(context["setting"])
+    lines += context.get("lines", [])
     windows = []
-    for dataset, row in any_result["perplexity"].items():
+    for dataset, row in example["perplexity"].items():
         windows.append(
             f"{DATASET_TITLES.get(dataset, dataset)} {row['windows']} of {row['total_windows']} "
             f"windows × {row['seqlen']} tokens"
@@ -74,34 +66,18 @@ def provenance_lines(context: dict, results: dict[str, dict]) -> list[str]:
     return lines
 
 
-def write_table1(paths: Sequence[Path], md_path: Path, csv_path: Path, context: dict) -> None:
-    """FedPrLLM Table 1 analogue: Dense, Centralized, Local-only and FedPrLLM x group x scaling."""
-    results = load_results(paths)
-    datasets = list(next(iter(results.values()))["perplexity"])
-    columns = ["Method", "Comparison group", "Pruning strategy", "Weight scaling"] + [
-        DATASET_TITLES.get(d, d) for d in datasets
-    ]
-    rows = []
-    if "dense" in results:
-        rows.append(["Dense", "-", "-", "-"] + [fmt_ppl(_ppl(results["dense"], d)) for d in datasets])
-    if "centralized" in results:
-        rows.append(["Centralized", "-", "-", "-"] + [fmt_ppl(_ppl(results["centralized"], d)) for d in datasets])
-    local = [r for label, r in sorted(results.items()) if label.startswith("local_")]
-    if local:
-        rows.append([f"Local-only (mean ± std, {len(local)} clients)", "-", "-", "-"] + [
-            _mean_std([_ppl(r, d) for r in local]) for d in datasets
-        ])
-    for strategy in ("oneshot", "iterative"):
-        for scale in ("noscale", "scale"):
-            for group in ("layer", "row", "column"):
-                label = f"fedprllm_{strategy}_{group}_{scale}"
-                if label in results:
-                    rows.append([
-                        "FedPrLLM", group.capitalize(),
-                        "One-shot" if strategy == "oneshot" else "Iterative",
-                        "✓" if scale == "scale" else "✗",
-                    ] + [fmt_ppl(_ppl(results[label], d)) for d in datasets])
-    write_table(md_path, csv_path,
-                f"Table 1 analogue: perplexity of pruned {context['model']} "
-                f"({context.get('method', 'wanda')}, {context.get('sparsity', 0.5):.0%} sparsity)",
-                provenance_lines(context, results), columns, rows)
+def write_perplexity_table(spec: dict, md_path: Path, csv_path: Path) -> None:
+    """A perplexity table from a spec: ``title``, ``context`` (see :func:`provenance_lines`),
+    ``columns`` (the leading, descriptive columns) and ``rows``, each with its descriptive
+    ``cells`` and the evaluation ``results`` (JSON files) it reports: one file gives the
+    value, several give mean ± std (Local-only over clients)."""
+    rows = spec["rows"]
+    loaded = [[_load(p) for p in row["results"]] for row in rows]
+    example = loaded[0][0]
+    datasets = list(example["perplexity"])
+    columns = list(spec["columns"]) + [DATASET_TITLES.get(d, d) for d in datasets]
+    table = []
+    for row, results in zip(rows, loaded):
+        values = [_mean_std([r["perplexity"][d]["ppl"] for r in results]) for d in datasets]
+        table.append(list(row["cells"]) + values)
+    write_table(md_path, csv_path, spec["title"], provenance_lines(spec["context"], example), columns, table)

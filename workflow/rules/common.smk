@@ -128,11 +128,9 @@ def report_context(calib, split, prune, title_extra=""):
         "config": workflow.configfiles[-1] if workflow.configfiles else "config.yaml",
         "seed": config["seed"],
         "commit": _commit(),
-        "method": method,
-        "sparsity": sparsity,
-        "setting": (
+        "lines": [
             f"{n} clients, {nsamples} calibration samples x {seqlen} tokens from {dataset} "
             f"({partition} split); local method {method} with {group_arg(group)} comparison "
             f"at {sparsity:.0%}{title_extra}"
-        ),
+        ],
     }

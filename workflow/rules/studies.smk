@@ -1,0 +1,174 @@
+# Named study targets beyond Table 1 (FedPrLLM Tables 2, 6, 10, 11, 14; Figures 2-3).
+# Each is one perplexity table built from the same rules as Table 1, on other settings.
+
+STUDIES = config.get("studies", {})
+
+
+def _with(calib=None, split=None, prune=None, **prune_changes):
+    c, s, p = setting(calib, split, prune)
+    if prune_changes:
+        method, sparsity, group = parse_prune(p)
+        method = prune_changes.get("method", method)
+        sparsity = prune_changes.get("sparsity", sparsity)
+        group = prune_changes.get("group", group)
+        p = f"{method}-{sparsity}-{group}"
+    return c, s, p
+
+
+def table2_spec():
+    """Clients prune with another comparison group; the server tries all three."""
+    rows = []
+    for local in STUDIES.get("local_groups", ["layer", "column"]):
+        calib, split, prune = _with(group=local)
+        for row in baseline_rows(calib, split, prune, blanks=1, dense=False):
+            rows.append({"cells": [local.capitalize()] + row["cells"], "results": row["results"]})
+        for group in ("layer", "row", "column"):
+            label = f"fedprllm_oneshot_{group}_noscale"
+            rows.append({"cells": [local.capitalize(), "FedPrLLM", group.capitalize()],
+                         "results": [eval_json(calib, split, prune, label)]})
+    return {
+        "title": "Table 2 analogue: changing the local comparison group (one-shot, no scaling)",
+        "context": report_context(*setting(), title_extra="; local group varied per row"),
+        "columns": ["Local comparison group", "Method", "Server comparison group"],
+        "rows": rows,
+    }
+
+
+def table6_spec():
+    rows = []
+    for sparsity in STUDIES.get("sparsities", [0.6, 0.7]):
+        calib, split, prune = _with(sparsity=sparsity)
+        for row in baseline_rows(calib, split, prune, dense=False) + [
+            fedprllm_row(calib, split, prune, label) for label in fedprllm_labels()
+        ]:
+            rows.append({"cells": [f"{sparsity:.0%}"] + row["cells"], "results": row["results"]})
+    return {
+        "title": "Table 6 analogue: higher sparsity ratios",
+        "context": report_context(*setting(), title_extra="; sparsity varied per row"),
+        "columns": ["Sparsity", "Method", "Comparison group", "Pruning strategy", "Weight scaling"],
+        "rows": rows,
+    }
+
+
+def table10_spec():
+    rows = []
+    for method in STUDIES.get("methods", ["sparsegpt", "owl", "besa"]):
+        calib, split, prune = _with(method=method)
+        for row in baseline_rows(calib, split, prune, dense=False) + [
+            fedprllm_row(calib, split, prune, label) for label in fedprllm_labels()
+        ]:
+            rows.append({"cells": [method] + row["cells"], "results": row["results"]})
+    return {
+        "title": "Table 10 analogue: other local pruning methods",
+        "context": report_context(*setting(), title_extra="; local method varied per row"),
+        "columns": ["Local method", "Method", "Comparison group", "Pruning strategy", "Weight scaling"],
+        "rows": rows,
+    }
+
+
+def table11_spec():
+    rows = []
+    for method in STUDIES.get("methods", ["sparsegpt", "owl", "besa"]):
+        for local in STUDIES.get("local_groups", ["layer", "column"]):
+            calib, split, prune = _with(method=method, group=local)
+            for row in baseline_rows(calib, split, prune, blanks=1, dense=False):
+                rows.append({"cells": [method, local.capitalize()] + row["cells"], "results": row["results"]})
+            for group in ("layer", "row", "column"):
+                rows.append({"cells": [method, local.capitalize(), "FedPrLLM", group.capitalize()],
+                             "results": [eval_json(calib, split, prune, f"fedprllm_oneshot_{group}_noscale")]})
+    return {
+        "title": "Table 11 analogue: other local methods with another local comparison group",
+        "context": report_context(*setting(), title_extra="; local method and group varied per row"),
+        "columns": ["Local method", "Local comparison group", "Method", "Server comparison group"],
+        "rows": rows,
+    }
+
+
+def table14_spec():
+    """Ultra-low data: every client holds a single calibration sample."""
+    clients = config["clients"]["n"]
+    c = config["calibration"]
+    calib, split, prune = _with(calib=f"{c['dataset']}-{clients}x{c['seqlen']}", split=f"iid-{clients}")
+    rows = baseline_rows(calib, split, prune)
+    rows += [fedprllm_row(calib, split, prune, label) for label in fedprllm_labels()]
+    return {
+        "title": "Table 14 analogue: ultra-low data regime (1 calibration sample per client)",
+        "context": report_context(calib, split, prune),
+        "columns": ["Method", "Comparison group", "Pruning strategy", "Weight scaling"],
+        "rows": rows,
+    }
+
+
+def _sweep_spec(title, xlabel, points):
+    rows = []
+    for x, (calib, split, prune) in points:
+        for label, name in [("fedprllm_oneshot_layer_noscale", "FedPrLLM (layer, one-shot)"),
+                            ("centralized", "Centralized")]:
+            rows.append({"cells": [str(x), name], "results": [eval_json(calib, split, prune, label)]})
+        local = local_only_labels(split)
+        rows.append({"cells": [str(x), f"Local-only (mean ± std, {len(local)} clients)"],
+                     "results": [eval_json(calib, split, prune, l) for l in local]})
+    return {"title": title, "context": report_context(*setting(), title_extra=f"; {xlabel} varied per row"),
+            "columns": [xlabel, "Method"], "rows": rows}
+
+
+def figure2_spec():
+    c = config["calibration"]
+    calib = setting()[0]
+    points = [(n, _with(split=f"iid-{n}")) for n in STUDIES.get("clients_sweep", [2, 4, 8, 16, 32])
+              if n <= c["nsamples"]]
+    return _sweep_spec(f"Figure 2 analogue: number of clients (total {c['nsamples']} samples)", "Clients", points)
+
+
+def figure3_spec():
+    c = config["calibration"]
+    points = [(t, _with(calib=f"{c['dataset']}-{t}x{c['seqlen']}", split=f"iid-{t // 2}"))
+              for t in STUDIES.get("samples_sweep", [4, 8, 16, 32])]
+    return _sweep_spec("Figure 3 analogue: number of calibration samples (clients = half)", "Samples", points)
+
+
+STUDY_SPECS = {
+    "table2": table2_spec,
+    "table6": table6_spec,
+    "table10": table10_spec,
+    "table11": table11_spec,
+    "table14": table14_spec,
+    "figure2": figure2_spec,
+    "figure3": figure3_spec,
+}
+
+
+for _name, _spec in STUDY_SPECS.items():
+
+    rule:
+        name:
+            f"study_{_name}"
+        input:
+            table_rule_inputs(_spec()),
+        output:
+            md=f"{REPORTS}/{_name}.md",
+            csv=f"{REPORTS}/{_name}.csv",
+        params:
+            spec=json.dumps(_spec()),
+        conda:
+            "../../envs/fedlib.yaml"
+        log:
+            f"{LOGS}/report/{_name}.log",
+        benchmark:
+            f"{BENCH}/report/{_name}.tsv"
+        shell:
+            "{FEDLIB} report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} > {log} 2>&1"
+
+
+for _name in STUDY_SPECS:
+
+    rule:
+        name:
+            _name
+        input:
+            f"{REPORTS}/{_name}.md",
+
+
+rule tables_all:
+    input:
+        [f"{REPORTS}/{name}.md" for name in STUDY_SPECS],
