@@ -44,26 +44,36 @@ def cmd_materialize_model(args) -> None:
 
 
 def cmd_calibration_pool(args) -> None:
-    from fedlib.data import calibration_windows, save_tokens
+    from fedlib.data import MIXTURE_DATASETS, calibration_split, calibration_windows, mixture_pool, save_tokens
     from fedlib.models import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
-    ids = calibration_windows(
-        tokenizer, args.dataset, _data_dir(args.data_dir), args.nsamples, args.seqlen,
-        args.seed, tuple(args.docs) if args.docs else None,
-    )
-    save_tokens(Path(args.out), ids, dataset=args.dataset, seed=args.seed,
-                docs=args.docs, data_dir=str(args.data_dir))
+    data_dir = _data_dir(args.data_dir)
+    docs = tuple(args.docs) if args.docs else None
+    labels = None
+    if args.dataset == "mix":  # the non-IID pool: --nsamples windows from each dataset
+        ids, labels = mixture_pool(tokenizer, data_dir, args.nsamples, args.seqlen, args.seed, c4_docs=docs)
+        splits = {d: calibration_split(d, data_dir) for d in MIXTURE_DATASETS}
+    else:
+        ids = calibration_windows(tokenizer, args.dataset, data_dir, args.nsamples, args.seqlen, args.seed, docs)
+        splits = {args.dataset: calibration_split(args.dataset, data_dir)}
+    save_tokens(Path(args.out), ids, dataset=args.dataset, seed=args.seed, docs=args.docs,
+                data_dir=str(args.data_dir), labels=labels, splits=splits)
     print(f"wrote {args.out}: {tuple(ids.shape)} tokens from {args.dataset}")
 
 
 def cmd_client_data(args) -> None:
-    from fedlib.data import iid_partition, load_tokens, save_tokens
+    from fedlib.data import DataError, dirichlet_partition, iid_partition, load_tokens, save_tokens
 
     ids, meta = load_tokens(Path(args.pool))
-    if args.partition != "iid":
-        raise SystemExit(f"unknown partition {args.partition!r}; known: iid")
-    parts = iid_partition(ids.shape[0], args.n_clients, args.seed)
+    if args.partition == "iid":
+        parts = iid_partition(ids.shape[0], args.n_clients, args.seed)
+    elif args.partition.startswith("dir"):  # dir<alpha>: Dirichlet(alpha) over the pool's sources
+        if not meta.get("labels"):
+            raise DataError(f"{args.pool}: field 'labels' missing; a Dirichlet split needs a mixture pool (dataset mix)")
+        parts = dirichlet_partition(meta["labels"], args.n_clients, float(args.partition[3:]), args.seed)
+    else:
+        raise SystemExit(f"unknown partition {args.partition!r}; known: iid, dir<alpha>")
     if not 0 <= args.client < args.n_clients:
         raise SystemExit(f"--client must be in 0..{args.n_clients - 1}, got {args.client}")
     rows = parts[args.client]
@@ -85,14 +95,16 @@ def cmd_client_mask(args) -> None:
     ids = None
     if args.calib:
         ids, _ = load_tokens(Path(args.calib))
+    options = json.loads(args.method_options) if args.method_options else None
     result = prune_locally(model, ids, args.method, args.sparsity, args.group, args.seed,
-                           batch_size=args.batch_size)
+                           batch_size=args.batch_size, method_options=options)
     write_mask_file(
         Path(args.out), result.masks, prunable_layers(model),
         fingerprint=fingerprint(model), role="client", client_id=args.client_id,
         method=args.method, group=args.group, sparsity=args.sparsity,
         allocation=method_allocation(args.method),
         n_samples=0 if ids is None else ids.shape[0], seed=args.seed,
+        extra={"method_options": json.dumps(options or {})},
     )
     print(f"wrote {args.out} ({args.method}, {args.group}, {args.sparsity}) "
           f"in {time.perf_counter() - start:.1f}s")
@@ -107,6 +119,93 @@ def cmd_aggregate(args) -> None:
     summary = strategy.aggregate([Path(p) for p in args.masks], fingerprint(model),
                                  prunable_layers(model), Path(args.out))
     print(f"wrote {args.out}: {summary}")
+
+
+def cmd_iterative(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.federation import iterative_prune
+    from fedlib.maskfile import write_mask_file
+    from fedlib.models import fingerprint, load_model, prunable_layers
+
+    _threads(args)
+    start = time.perf_counter()
+    model, _ = load_model(args.model)
+    clients = [load_tokens(Path(p))[0] for p in args.calib]
+    result = iterative_prune(model, clients, args.method, args.sparsity, args.local_group,
+                             args.server_group, args.seed, args.batch_size, scale=args.scale)
+    write_mask_file(
+        Path(args.out), result.masks, prunable_layers(model), fingerprint=fingerprint(model),
+        role="global", client_id="server", method=f"fedprllm-iterative[{args.method}]",
+        group=args.server_group, sparsity=args.sparsity, n_samples=sum(c.shape[0] for c in clients),
+        seed=args.seed, n_clients=len(clients), votes=result.votes,
+    )
+    _write_json(Path(args.record), {
+        "n_clients": len(clients), "rounds": len(result.rounds), "scale": args.scale,
+        "bytes_up": result.bytes_up, "bytes_down": result.bytes_down,
+        "per_round": [{"round": r.round, "bytes_up": r.bytes_up, "bytes_down": r.bytes_down,
+                       "seconds_clients": r.seconds_clients, "seconds_server": r.seconds_server}
+                      for r in result.rounds],
+        "seconds": time.perf_counter() - start,
+    })
+    print(f"wrote {args.out}: {len(result.rounds)} rounds, {result.bytes_up} bytes up, {result.bytes_down} down")
+
+
+def cmd_fedspallm(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.federation import fedspallm_prune
+    from fedlib.models import fingerprint, load_model, prunable_layers
+    from fedlib.server.fedspallm import FedSpaLLM, write_weight_file
+
+    _threads(args)
+    start = time.perf_counter()
+    model, _ = load_model(args.model)
+    layers, base = prunable_layers(model), fingerprint(model)
+    clients = [load_tokens(Path(p))[0] for p in args.calib]
+    strategy = FedSpaLLM(group=args.group, sparsity=args.sparsity, seed=args.seed, rounds=args.rounds,
+                         resources=tuple(args.resources) if args.resources else None,
+                         weight_dtype=args.weight_dtype)
+    standalone = list(args.standalone_out or [])
+
+    def keep_standalone(round_index, client, upload):
+        # a client's upload in round 0 of an all-blocks run is its Standalone model
+        if round_index == 0 and client < len(standalone):
+            write_weight_file(Path(standalone[client]), upload.masks, upload.weights, layers,
+                              fingerprint=base, role="client", client_id=str(client),
+                              method=strategy.method, group=args.group, sparsity=args.sparsity,
+                              n_samples=clients[client].shape[0], seed=args.seed,
+                              weight_dtype=args.weight_dtype)
+
+    if standalone and args.resources:
+        raise SystemExit("--standalone-out needs every client to prune every block (no --resources)")
+    result = fedspallm_prune(model, clients, strategy, batch_size=args.batch_size,
+                             on_client=keep_standalone if standalone else None)
+    pruned = [info for info in layers if info.name in result.weights]
+    write_weight_file(Path(args.out), result.masks, result.weights, pruned, fingerprint=base,
+                      role="global", client_id="server", method="fedspallm", group=args.group,
+                      sparsity=args.sparsity, n_samples=sum(c.shape[0] for c in clients), seed=args.seed,
+                      n_clients=len(clients), weight_dtype=args.weight_dtype, votes=result.votes,
+                      extra={"uncovered_blocks": json.dumps(result.uncovered)})
+    _write_json(Path(args.record), {
+        "n_clients": len(clients), "rounds": [
+            {"round": r.round, "bytes_up": r.bytes_up, "bytes_down": r.bytes_down,
+             "seconds_clients": r.seconds_clients, "seconds_server": r.seconds_server}
+            for r in result.rounds],
+        "uncovered_blocks": result.uncovered, "seconds": time.perf_counter() - start,
+    })
+    print(f"wrote {args.out}: {len(pruned)} layers aggregated over {len(clients)} clients")
+
+
+def cmd_random_mask(args) -> None:
+    from fedlib.maskfile import write_mask_file
+    from fedlib.models import fingerprint, load_model, prunable_layers
+    from fedlib.server.fedspallm import random_masks
+
+    model, _ = load_model(args.model)
+    layers = prunable_layers(model)
+    write_mask_file(Path(args.out), random_masks(layers, args.sparsity, args.seed, args.group), layers,
+                    fingerprint=fingerprint(model), role="global", client_id="random", method="random",
+                    group=args.group, sparsity=args.sparsity, seed=args.seed)
+    print(f"wrote {args.out}")
 
 
 def cmd_eval_windows(args) -> None:
@@ -137,6 +236,10 @@ def cmd_evaluate(args) -> None:
     applied = None
     if args.mask:
         applied = apply_mask_file(model, Path(args.mask), scale=args.scale, model_fingerprint=base_fingerprint)
+    if args.weights:
+        from fedlib.server.fedspallm import apply_weight_file
+
+        applied = apply_weight_file(model, Path(args.weights), base_fingerprint)
     results = {}
     for path in args.windows:
         ids, meta = load_tokens(Path(path))
@@ -204,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("calibration-pool", cmd_calibration_pool, "sample calibration token windows (seeded)")
     p.add_argument("--model", required=True, help="model folder (for its tokenizer)")
-    p.add_argument("--dataset", default="c4", choices=["c4", "wikitext2", "ptb"])
+    p.add_argument("--dataset", default="c4", choices=["c4", "wikitext2", "ptb", "mix"],
+                   help="mix: --nsamples windows from each of WikiText-2, C4 and PTB (the non-IID pool)")
     p.add_argument("--data-dir", default=None, help="offline mirror folder; omit for the hub")
     p.add_argument("--nsamples", type=int, required=True)
     p.add_argument("--seqlen", type=int, required=True)
@@ -216,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", required=True)
     p.add_argument("--n-clients", type=int, required=True)
     p.add_argument("--client", type=int, required=True)
-    p.add_argument("--partition", default="iid")
+    p.add_argument("--partition", default="iid", help="iid, or dir<alpha> (Dirichlet over a mixture pool's sources)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
 
@@ -228,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", default="row", help="local comparison group: layer, row, column or N:M")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--client-id", default="0")
+    p.add_argument("--method-options", help='JSON of method options, e.g. \'{"lam": 0.08}\' for OWL')
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
@@ -240,6 +345,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     p.add_argument("masks", nargs="+")
+
+    p = verb("iterative", cmd_iterative,
+             "simulate iterative FedPrLLM (one round per decoder block) over client token files")
+    p.add_argument("--model", required=True)
+    p.add_argument("--calib", nargs="+", required=True, help="one token file per client")
+    p.add_argument("--method", default="wanda")
+    p.add_argument("--sparsity", type=float, default=0.5)
+    p.add_argument("--local-group", default="row")
+    p.add_argument("--server-group", default="layer")
+    p.add_argument("--scale", action="store_true", help="clients continue from the scaled global block")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", required=True, help="global mask file (with vote counts)")
+    p.add_argument("--record", required=True, help="JSON: bytes and seconds per round")
+
+    p = verb("fedspallm", cmd_fedspallm,
+             "simulate FedSpaLLM (SparseGPT clients, l0 aggregation, mask expansion, layer sampling)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--calib", nargs="+", required=True, help="one token file per client")
+    p.add_argument("--sparsity", type=float, default=0.5)
+    p.add_argument("--group", default="layer", help="mask expansion group")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--resources", type=float, nargs="*", help="per client: fraction of blocks per round")
+    p.add_argument("--weight-dtype", default="float16", choices=["float16", "float32"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--standalone-out", nargs="*", help="weight files for the first clients' own models")
+    p.add_argument("--out", required=True, help="global weight file")
+    p.add_argument("--record", required=True, help="JSON: bytes and seconds per round")
+
+    p = verb("random-mask", cmd_random_mask, "a random global mask at the target sparsity (baseline)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--sparsity", type=float, default=0.5)
+    p.add_argument("--group", default="layer")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
 
     p = verb("eval-windows", cmd_eval_windows, "tokenize an evaluation set into non-overlapping windows")
     p.add_argument("--model", required=True)
@@ -254,11 +397,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--mask")
     p.add_argument("--scale", action="store_true", help="scale survivors by (m - votes)/m")
+    p.add_argument("--weights", help="a FedSpaLLM weight file (global or a client's) to load instead of a mask")
     p.add_argument("--windows", nargs="+", required=True, help="token files from eval-windows")
     p.add_argument("--label", default="model")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
+
+    from fedlib.evaluate import zeroshot_cli
+
+    p = verb("zeroshot", zeroshot_cli.run, zeroshot_cli.HELP)
+    zeroshot_cli.add_arguments(p)
 
     p = verb("export", cmd_export, "write a normal Hugging Face checkpoint with the mask applied")
     p.add_argument("--model", required=True)

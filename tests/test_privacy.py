@@ -366,3 +366,14 @@ def test_inversion_refinement_alone_and_qkv_layers():
 def test_bag_and_position_metrics():
     assert bag_overlap([1, 2, 2, 3], [2, 2, 2, 4]) == 0.5
     assert position_match([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("group", ["row", "column", "layer"])
+def test_relaxed_and_hard_masks_agree_with_prune_lowest(group):
+    from fedlib.privacy.inversion import _hard_masks, _soft_logits
+
+    x = torch.randn(3, 20, 30, generator=torch.Generator().manual_seed(2))
+    for sparsity in (0.0, 0.5, 0.7):
+        expected = torch.stack([prune_lowest(x[i], sparsity, group, 0) for i in range(3)])
+        assert torch.equal(_hard_masks(x, sparsity, group), expected)
+        assert torch.equal(_soft_logits(x, sparsity, group, 0.01) > 0, expected)

@@ -30,8 +30,11 @@ Differences from the reference defaults (``main.py`` of OpenGVLab/LLMPrune-BESA)
 * one learned sparsity per *layer* (the reference's ``--blocksize -1``), not per row
   (``--blocksize 1`` of its main LLaMA runs): a layer-level ratio is what a comparison group
   (row / layer / column) and the server's aggregation can use;
-* ``steps`` Adam updates per block (default 20), each on one batch of the client's samples; the
-  reference runs 1 epoch of 128 single-sample steps with the Prodigy optimiser (lr 1, d_coef 5);
+* ``steps`` Adam updates per block (default 20, ``lr`` 0.1), each on one batch of the client's
+  samples; the reference runs 1 epoch of 128 single-sample steps with the Prodigy optimiser
+  (lr 1, d_coef 5). On SmolLM2-135M (30 blocks, 2 x 512 calibration tokens, one CPU thread) a
+  step costs about 0.26 s, so the default takes about 3 minutes; measured WikiText-2 perplexity
+  (4 windows) at 50 %: 10 steps 61.7, 20 steps 59.3 (lr 0.05: 60.2), uniform Wanda 67.7;
 * initial distribution: the maximum-entropy distribution over the candidates whose mean is the
   target (an exponential tilt); the reference starts from uniform logits, which is this for a
   50 % target and starts elsewhere 0.5 away from any other target;
@@ -60,7 +63,7 @@ from fedlib.methods.wanda import WandaPruner
 @dataclass(frozen=True)
 class BESAOptions:
     steps: int = 20
-    lr: float = 0.05
+    lr: float = 0.1
     sparsity_step: float = 0.01
     alpha: float = 1.0
     beta: float = 5.0

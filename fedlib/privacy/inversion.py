@@ -39,8 +39,9 @@ The attack
 2. Differentiable Wanda mask: log-score s_ij = log|W_ij| + 1/2 log mean_sq_j, group
    threshold θ at the target sparsity (midpoint of the k-th and (k+1)-th smallest score of
    each row / column / layer), relaxed mask sigmoid((θ - s)/τ) with τ annealed
-   geometrically (in log-score units; neighbouring scores in a row differ by ~0.01, so
-   τ must end well below that scale); loss = BCE against the target mask(s), summed over
+   geometrically (in log-score units: around the threshold of a SmolLM2 q_proj row,
+   neighbouring scores differ by ~0.006, so τ has to end near that scale; starting at
+   τ = 1 instead of 0.2 left the optimiser in poor optima); loss = BCE against the target mask(s), summed over
    the given layers. Adam on the logits, seeded restarts; the restart whose decoding has
    the best *hard* mask agreement wins.
 3. Discrete refinement (coordinate search, skipped once the agreement is perfect): for
@@ -153,10 +154,9 @@ def wanda_block0_masks(
 # ----------------------------------------------------------------------- relaxed mask
 
 
-def _group_dims(group: str):
+def _check_group(group: str) -> None:
     if group not in GROUPS:
-        raise ValueError(f"inversion supports groups {GROUPS}, got {group!r}")
-    return {"row": (1,), "column": (0,), "layer": (0, 1)}[group]
+        raise ValueError(f"inversion supports groups {GROUPS} (not N:M), got {group!r}")
 
 
 def _soft_logits(log_scores: torch.Tensor, sparsity: float, group: str, tau: float):
@@ -187,9 +187,26 @@ def _mid(srt: torch.Tensor, k: int, n: int) -> torch.Tensor:
 
 
 def _hard_masks(log_scores: torch.Tensor, sparsity: float, group: str) -> torch.Tensor:
-    """Pruned indicator by thresholding at the k-th smallest score (ties ignored: the
-    final evaluation uses :func:`fedlib.groups.prune_lowest`)."""
-    return _soft_logits(log_scores, sparsity, group, 1.0) > 0
+    """Pruned indicator: score <= the k-th smallest of its group (ties ignored: the final
+    evaluation uses :func:`fedlib.groups.prune_lowest`). kthvalue, not a full sort: this
+    is the refinement's inner loop."""
+    rows, cols = log_scores.shape[-2:]
+    if group == "row":
+        k = pruned_count(cols, sparsity)
+        if k == 0:
+            return torch.zeros_like(log_scores, dtype=torch.bool)
+        return log_scores <= log_scores.kthvalue(k, dim=-1, keepdim=True).values
+    if group == "column":
+        k = pruned_count(rows, sparsity)
+        if k == 0:
+            return torch.zeros_like(log_scores, dtype=torch.bool)
+        return log_scores <= log_scores.kthvalue(k, dim=-2, keepdim=True).values
+    k = pruned_count(rows * cols, sparsity)
+    if k == 0:
+        return torch.zeros_like(log_scores, dtype=torch.bool)
+    flat = log_scores.reshape(*log_scores.shape[:-2], rows * cols)
+    kth = flat.kthvalue(k, dim=-1).values
+    return log_scores <= kth.unsqueeze(-1).unsqueeze(-1)
 
 
 # ----------------------------------------------------------------------- result
@@ -238,7 +255,7 @@ class _Problem:
 
     def __init__(self, model, target_masks, sparsity, group):
         self.sparsity, self.group = sparsity, group
-        _group_dims(group)
+        _check_group(group)
         self.names, self.logw, self.targets = [], [], []
         for name, mask in target_masks.items():
             short = _short_name(name)
@@ -308,6 +325,7 @@ def invert_block0_masks(
     tau: tuple[float, float] = (0.2, 0.01),
     relaxation: str = "histogram",
     init_scale: float = 1.0,
+    init_logits: torch.Tensor | None = None,
     entropy_weight: float = 0.0,
     refine_sweeps: int = 2,
     n_candidates: int = 64,
@@ -323,7 +341,9 @@ def invert_block0_masks(
     ``n_tokens`` (T) is assumed known to the attacker (the mask itself only determines
     the token *proportions*). ``seed`` is the client's tie-break seed (used for the exact
     final agreement) and seeds the attack's initialisation (logits ~ N(0, init_scale)).
-    ``tau`` = (start, end) temperature in log-score units. ``relaxation`` is
+    ``init_logits`` (shape (V,) for ``"histogram"``, (V,) or (T, V) for ``"embedding"``) is
+    added to the initial logits, e.g. the log of a public unigram distribution (a prior
+    any server has). ``tau`` = (start, end) temperature in log-score units. ``relaxation`` is
     ``"histogram"`` or ``"embedding"`` (see the module docstring).
     ``entropy_weight`` > 0 adds a penalty on the soft tokens' entropy, ramped up linearly,
     pushing them towards one-hot. ``time_limit`` (seconds) stops the gradient stage early.
@@ -360,7 +380,10 @@ def invert_block0_masks(
     best_tokens, best_agree, best_probs = None, -1, None
     shape = (V,) if relaxation == "histogram" else (n_tokens, V)
     for r in range(restarts):
-        logits = (init_scale * torch.randn(shape, generator=gen)).requires_grad_(True)
+        logits = init_scale * torch.randn(shape, generator=gen)
+        if init_logits is not None:
+            logits = logits + init_logits.float().expand(shape)
+        logits.requires_grad_(True)
         opt = torch.optim.Adam([logits], lr=lr)
         for step in range(steps):
             frac = step / max(steps - 1, 1)

@@ -92,16 +92,33 @@ def eval_json(calib, split, prune, label):
     return f"{RESULTS}/eval/{calib}/{split}/{prune}/{label}.json"
 
 
-def variant_mask(calib, split, prune, label):
-    """Evaluation label -> (mask file or None, scale flag)."""
+def variant_input(calib, split, prune, label):
+    """Evaluation label -> (file the variant needs, its `fedlib evaluate` arguments).
+
+    FedPrLLM variants are the base model plus a mask file; FedSpaLLM variants load a weight
+    file (the aggregated global model, or a client's own Standalone model)."""
+    base = f"{calib}/{split}/{prune}"
     if label == "dense":
-        return None, False
+        return None, ""
     if label == "centralized":
-        return f"{RESULTS}/masks/{calib}/central/{prune}/centralized.mask.safetensors", False
+        path = f"{RESULTS}/masks/{calib}/central/{prune}/centralized.mask.safetensors"
+        return path, f"--mask {path}"
     if label.startswith("local_"):
-        return f"{RESULTS}/masks/{calib}/{split}/{prune}/client_{label[len('local_'):]}.mask.safetensors", False
+        path = f"{RESULTS}/masks/{base}/client_{label[len('local_'):]}.mask.safetensors"
+        return path, f"--mask {path}"
+    if label == "random":
+        method, sparsity, group = parse_prune(prune)
+        path = f"{RESULTS}/random/{sparsity}.mask.safetensors"
+        return path, f"--mask {path}"
+    if label == "fedspallm" or label.startswith("standalone_"):
+        name = "global" if label == "fedspallm" else label
+        path = f"{RESULTS}/fedspallm/{base}/{name}.weights.safetensors"
+        return path, f"--weights {path}"
     _, strategy, group, scale = label.split("_")
-    return f"{RESULTS}/global/{calib}/{split}/{prune}/{strategy}_{group}.mask.safetensors", scale == "scale"
+    # iterative pruning with scaling propagates through scaled blocks: a run of its own
+    run = f"{strategy}-scaled" if strategy == "iterative" and scale == "scale" else strategy
+    path = f"{RESULTS}/global/{base}/{run}_{group}.mask.safetensors"
+    return path, f"--mask {path}" + (" --scale" if scale == "scale" else "")
 
 
 def local_only_labels(split):
@@ -109,7 +126,8 @@ def local_only_labels(split):
     return [f"local_{i}" for i in range(min(n, config["baselines"].get("local_only_clients", 4)))]
 
 
-def fedprllm_labels(strategies=("oneshot",), groups=None, scalings=None):
+def fedprllm_labels(strategies=None, groups=None, scalings=None):
+    strategies = strategies or config["server"].get("strategies", ["oneshot"])
     groups = groups or config["server"]["groups"]
     scalings = scalings if scalings is not None else config["server"]["scaling"]
     return [

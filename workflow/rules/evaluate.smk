@@ -2,12 +2,11 @@ EVAL_WINDOWS = expand(f"{RESULTS}/eval_windows/{{dataset}}.safetensors", dataset
 
 
 def _variant(wc):
-    return variant_mask(wc.calib, wc.split, wc.prune, wc.label)
+    return variant_input(wc.calib, wc.split, wc.prune, wc.label)
 
 
 def _evaluation_inputs(wc):
-    mask, _ = _variant(wc)
-    return {"model": MODEL_READY, "windows": EVAL_WINDOWS, **({"mask": mask} if mask else {})}
+    return {"model": MODEL_READY, "windows": EVAL_WINDOWS, "variant": _variant(wc)[0]}
 
 
 rule evaluate_dense:
@@ -40,11 +39,10 @@ rule evaluate_perplexity:
     output:
         f"{RESULTS}/eval/{{calib}}/{{split}}/{{prune}}/{{label}}.json",
     wildcard_constraints:
-        label=r"centralized|local_\d+|fedprllm_(oneshot|iterative)_(row|layer|column|\d+of\d+)_(scale|noscale)",
+        label=r"centralized|local_\d+|random|fedspallm|standalone_\d+|fedprllm_(oneshot|iterative)_(row|layer|column|\d+of\d+)_(scale|noscale)",
     params:
         model=model_dir(),
-        mask=lambda wc: f"--mask {_variant(wc)[0]}",
-        scale=lambda wc: "--scale" if _variant(wc)[1] else "",
+        variant=lambda wc: _variant(wc)[1],
         batch_size=EVAL.get("batch_size", 1),
     threads: config.get("threads", 2)
     resources:
@@ -56,6 +54,6 @@ rule evaluate_perplexity:
     benchmark:
         f"{BENCH}/evaluate/{{calib}}/{{split}}/{{prune}}/{{label}}.tsv"
     shell:
-        "{FEDLIB} evaluate --model {params.model} {params.mask} {params.scale} "
+        "{FEDLIB} evaluate --model {params.model} {params.variant} "
         "--windows {input.windows} --label {wildcards.label} --batch-size {params.batch_size} "
         "--threads {threads} --out {output} > {log} 2>&1"

@@ -22,7 +22,7 @@ def baseline_rows(calib, split, prune, blanks=3, dense=True):
     return rows
 
 
-def table1_spec(strategies=("oneshot",)):
+def table1_spec(strategies=None):
     calib, split, prune = setting()
     method, sparsity, _ = parse_prune(prune)
     rows = baseline_rows(calib, split, prune)

@@ -27,3 +27,104 @@ rule aggregate:
     shell:
         "{FEDLIB} aggregate --model {params.model} --strategy fedprllm --group {params.group} "
         "--sparsity {params.sparsity} --seed {params.seed} --out {output} {input.masks} > {log} 2>&1"
+
+
+def client_shards(wc):
+    _, n = parse_split(wc.split)
+    return [f"{RESULTS}/shards/{wc.calib}/{wc.split}/client_{i}.safetensors" for i in range(n)]
+
+
+rule iterative:
+    """FedPrLLM iterative pruning, simulated: one round per decoder block; every client
+    continues from the global mask (scaled blocks for `iterative-scaled`)."""
+    input:
+        model=MODEL_READY,
+        calib=client_shards,
+    output:
+        mask=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.mask.safetensors",
+        record=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.rounds.json",
+    wildcard_constraints:
+        run=r"iterative|iterative-scaled",
+    params:
+        model=model_dir(),
+        pruning=lambda wc: "--method {} --sparsity {} --local-group {}".format(
+            parse_prune(wc.prune)[0], parse_prune(wc.prune)[1], group_arg(parse_prune(wc.prune)[2])),
+        group=lambda wc: group_arg(wc.group),
+        scale=lambda wc: "--scale" if wc.run == "iterative-scaled" else "",
+        seed=config["seed"],
+        batch_size=config["pruning"].get("batch_size", 8),
+    threads: config.get("threads", 2)
+    resources:
+        mem_mb=6000,
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/iterative/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.log",
+    benchmark:
+        f"{BENCH}/iterative/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.tsv"
+    shell:
+        "{FEDLIB} iterative --model {params.model} --calib {input.calib} {params.pruning} "
+        "--server-group {params.group} {params.scale} --seed {params.seed} --batch-size {params.batch_size} "
+        "--threads {threads} --out {output.mask} --record {output.record} > {log} 2>&1"
+
+
+FEDSPALLM = config.get("studies", {}).get("fedspallm", {})
+
+
+rule fedspallm:
+    """FedSpaLLM, simulated: SparseGPT-with-update clients send weights + masks; l0 aggregation,
+    adaptive mask expansion; layer sampling over rounds. Also keeps the first clients' own
+    models (the Standalone baseline) until they are evaluated."""
+    input:
+        model=MODEL_READY,
+        calib=client_shards,
+    output:
+        weights=f"{RESULTS}/fedspallm/{{calib}}/{{split}}/{{prune}}/global.weights.safetensors",
+        record=f"{RESULTS}/fedspallm/{{calib}}/{{split}}/{{prune}}/rounds.json",
+        standalone=[
+            temp(f"{RESULTS}/fedspallm/{{calib}}/{{split}}/{{prune}}/standalone_{i}.weights.safetensors")
+            for i in range(FEDSPALLM.get("standalone_clients", 4))
+        ],
+    params:
+        model=model_dir(),
+        sparsity=lambda wc: parse_prune(wc.prune)[1],
+        group=lambda wc: group_arg(parse_prune(wc.prune)[2]),
+        rounds=FEDSPALLM.get("rounds", 1),
+        seed=config["seed"],
+        batch_size=config["pruning"].get("batch_size", 8),
+    threads: config.get("threads", 2)
+    resources:
+        mem_mb=8000,
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/fedspallm/{{calib}}/{{split}}/{{prune}}.log",
+    benchmark:
+        f"{BENCH}/fedspallm/{{calib}}/{{split}}/{{prune}}.tsv"
+    shell:
+        "{FEDLIB} fedspallm --model {params.model} --calib {input.calib} --sparsity {params.sparsity} "
+        "--group {params.group} --rounds {params.rounds} --seed {params.seed} --batch-size {params.batch_size} "
+        "--threads {threads} --standalone-out {output.standalone} --out {output.weights} "
+        "--record {output.record} > {log} 2>&1"
+
+
+rule random_mask:
+    """Random pruning baseline (FedSpaLLM tables): a seeded random mask per layer."""
+    input:
+        MODEL_READY,
+    output:
+        f"{RESULTS}/random/{{sparsity}}.mask.safetensors",
+    wildcard_constraints:
+        sparsity=r"[0-9.]+",
+    params:
+        model=model_dir(),
+        seed=config["seed"],
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/random_mask/{{sparsity}}.log",
+    benchmark:
+        f"{BENCH}/random_mask/{{sparsity}}.tsv"
+    shell:
+        "{FEDLIB} random-mask --model {params.model} --sparsity {wildcards.sparsity} --seed {params.seed} "
+        "--out {output} > {log} 2>&1"

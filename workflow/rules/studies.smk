@@ -127,7 +127,70 @@ def figure3_spec():
     return _sweep_spec("Figure 3 analogue: number of calibration samples (clients = half)", "Samples", points)
 
 
+def _noniid_setting(**prune_changes):
+    n = STUDIES.get("noniid", {})
+    c = config["calibration"]
+    return _with(calib=f"mix-{n.get('per_dataset', 8)}x{c['seqlen']}",
+                 split=f"dir{n.get('alpha', 5)}-{n.get('clients', 12)}", **prune_changes)
+
+
+NONIID_NOTE = ("; non-IID pool: WikiText-2 (offline: its validation split), C4 train documents "
+               "and PTB train, split over clients by Dirichlet(alpha) per source")
+
+
+def table4_spec():
+    calib, split, prune = _noniid_setting()
+    rows = baseline_rows(calib, split, prune, dense=False)
+    rows += [fedprllm_row(calib, split, prune, label) for label in fedprllm_labels()]
+    return {
+        "title": "Table 4 analogue: non-IID calibration data",
+        "context": report_context(calib, split, prune, title_extra=NONIID_NOTE),
+        "columns": ["Method", "Comparison group", "Pruning strategy", "Weight scaling"],
+        "rows": rows,
+    }
+
+
+def table5_spec():
+    rows = []
+    for local in STUDIES.get("local_groups", ["layer", "column"]):
+        calib, split, prune = _noniid_setting(group=local)
+        for row in baseline_rows(calib, split, prune, blanks=1, dense=False):
+            rows.append({"cells": [local.capitalize()] + row["cells"], "results": row["results"]})
+        for group in ("layer", "row", "column"):
+            rows.append({"cells": [local.capitalize(), "FedPrLLM", group.capitalize()],
+                         "results": [eval_json(calib, split, prune, f"fedprllm_oneshot_{group}_noscale")]})
+    return {
+        "title": "Table 5 analogue: non-IID data, changing the local comparison group (one-shot, no scaling)",
+        "context": report_context(*_noniid_setting(), title_extra=NONIID_NOTE + "; local group varied per row"),
+        "columns": ["Local comparison group", "Method", "Server comparison group"],
+        "rows": rows,
+    }
+
+
+def fedspallm_spec(clients):
+    """FedSpaLLM Tables 1-3: Random, Standalone (mean over clients' own models), FedSpaLLM."""
+    f = STUDIES.get("fedspallm", {})
+    standalone = [f"standalone_{i}" for i in range(min(clients, f.get("standalone_clients", 4)))]
+    rows = []
+    for sparsity in f.get("sparsities", [0.5, 0.6, 0.7, 0.8]):
+        calib, split, prune = _with(split=f"iid-{clients}", method="sparsegpt_update", sparsity=sparsity, group="layer")
+        rows.append({"cells": [f"{sparsity:.0%}", "Random"], "results": [eval_json(calib, split, prune, "random")]})
+        rows.append({"cells": [f"{sparsity:.0%}", f"Standalone (mean ± std, {len(standalone)} clients)"],
+                     "results": [eval_json(calib, split, prune, label) for label in standalone]})
+        rows.append({"cells": [f"{sparsity:.0%}", "FedSpaLLM"], "results": [eval_json(calib, split, prune, "fedspallm")]})
+    calib, split, prune = _with(split=f"iid-{clients}", method="sparsegpt_update", group="layer")
+    return {
+        "title": f"FedSpaLLM Table analogue: {clients} clients, Random / Standalone / FedSpaLLM",
+        "context": report_context(calib, split, prune, title_extra=(
+            f"; SparseGPT with OBS update on every client, l0 aggregation + mask expansion, "
+            f"{f.get('rounds', 1)} round(s); sparsity varied per row")),
+        "columns": ["Sparsity", "Method"],
+        "rows": rows,
+    }
+
+
 STUDY_SPECS = {
+    "table1_full": lambda: table1_spec(("oneshot", "iterative")),
     "table2": table2_spec,
     "table6": table6_spec,
     "table10": table10_spec,
@@ -135,6 +198,9 @@ STUDY_SPECS = {
     "table14": table14_spec,
     "figure2": figure2_spec,
     "figure3": figure3_spec,
+    "table4": table4_spec,
+    "table5": table5_spec,
+    **{f"fedspallm{n}": (lambda n=n: fedspallm_spec(n)) for n in STUDIES.get("fedspallm", {}).get("clients", [4, 8, 16])},
 }
 
 

@@ -1,0 +1,133 @@
+"""``fedlib zeroshot``: zero-shot accuracy of one variant, written as a JSON result file.
+
+A variant is the base model plus a mask file (optionally with weight scaling from the
+vote counts), a FedSpaLLM weight file, or nothing (Dense) -- exactly what
+``fedlib evaluate`` scores for perplexity.  The mask is applied in memory and the
+tasks are scored by :func:`fedlib.evaluate.zeroshot.evaluate_zeroshot` (lm-eval,
+offline on ``<data-dir>/zeroshot/<task>.jsonl``, or the hub with ``--data-dir hub``).
+
+The JSON holds, besides the accuracies, everything a report header needs: the tasks
+in the order given, the per-task document limit and how many documents each task's
+split has (offline), the base model's fingerprint and the measured sparsity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+HELP = "zero-shot accuracy (lm-eval) of the base model, optionally with a mask or weight file applied"
+
+#: The metric the report tables show: lm-eval's ``acc`` for every task, as the Wanda /
+#: FedPrLLM tables do (their HellaSwag, ARC and OpenBookQA numbers are ``acc``, not ``acc_norm``).
+TABLE_METRIC = "acc"
+
+
+def _limit(value: str) -> int | None:
+    if value.lower() in ("none", "null", "all", "full"):
+        return None
+    limit = int(value)
+    if limit < 1:
+        raise argparse.ArgumentTypeError(f"--limit must be a positive number of documents or 'none', got {value}")
+    return limit
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from fedlib.evaluate.zeroshot import ZEROSHOT_TASKS
+
+    p.add_argument("--model", required=True)
+    p.add_argument("--mask", help="a client or global mask file to apply")
+    p.add_argument("--scale", action="store_true", help="scale survivors by (m - votes)/m (global masks)")
+    p.add_argument("--weights", help="a FedSpaLLM weight file (global or a client's) to load instead of a mask")
+    p.add_argument("--tasks", nargs="+", default=list(ZEROSHOT_TASKS), choices=list(ZEROSHOT_TASKS),
+                   metavar="TASK", help=f"zero-shot tasks, in table order (default: all of {', '.join(ZEROSHOT_TASKS)})")
+    p.add_argument("--data-dir", default=None,
+                   help="offline mirror holding zeroshot/<task>.jsonl; 'hub' or omitted = lm-eval's stock tasks")
+    p.add_argument("--limit", type=_limit, default=None,
+                   help="score the first N documents of each task; 'none' (default) = the full split")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--label", default="model")
+    p.add_argument("--out", required=True)
+
+
+def split_sizes(tasks, data_dir: Path | None) -> dict[str, int | None]:
+    """Documents in each task's scored split (offline: rows of the local file; hub: unknown)."""
+    from fedlib.evaluate.zeroshot import task_file
+
+    sizes: dict[str, int | None] = {}
+    for task in tasks:
+        if data_dir is None:
+            sizes[task] = None
+            continue
+        with open(task_file(data_dir, task), encoding="utf-8") as fh:
+            sizes[task] = sum(1 for line in fh if line.strip())
+    return sizes
+
+
+def _clean(value):
+    """JSON has no NaN: an undefined standard error (n < 2) is written as null."""
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def zeroshot_variant(model_dir: str, tasks, data_dir: Path | None, limit: int | None = None,
+                     mask: str | None = None, scale: bool = False, weights: str | None = None,
+                     batch_size: int = 8, seed: int = 0, label: str = "model") -> dict:
+    """Load the base model, apply the variant in memory, score the tasks; the result record."""
+    from fedlib.evaluate.zeroshot import evaluate_zeroshot
+    from fedlib.models import fingerprint, load_model
+    from fedlib.pruned import apply_mask_file, measured_sparsity
+
+    if scale and not mask:
+        raise ValueError("--scale needs --mask (a global mask file with vote counts)")
+    if mask and weights:
+        raise ValueError("give either --mask or --weights, not both")
+    start = time.perf_counter()
+    tasks = list(tasks)
+    sizes = split_sizes(tasks, data_dir)  # fails on a missing task file before any model work
+    model, tokenizer = load_model(model_dir)
+    base_fingerprint = fingerprint(model)
+    applied = None
+    if mask:
+        applied = apply_mask_file(model, Path(mask), scale=scale, model_fingerprint=base_fingerprint)
+    if weights:
+        from fedlib.server.fedspallm import apply_weight_file
+
+        applied = apply_weight_file(model, Path(weights), base_fingerprint)
+    scores = evaluate_zeroshot(model, tokenizer, tasks, data_dir=data_dir, limit=limit,
+                               batch_size=batch_size, seed=seed)
+    results = {}
+    for task in tasks:
+        row = {key: _clean(value) for key, value in scores[task].items()}
+        row["total"] = sizes[task]
+        results[task] = row
+    mean = sum(results[t][TABLE_METRIC] for t in tasks) / len(tasks)
+    return {
+        "label": label, "mask": mask, "weights": weights, "scale": bool(scale), "applied": applied,
+        "model_fingerprint": base_fingerprint, "measured_sparsity": measured_sparsity(model),
+        "tasks": tasks, "limit": limit, "metric": TABLE_METRIC, "seed": seed, "batch_size": batch_size,
+        "data_dir": str(data_dir) if data_dir is not None else "hub",
+        "zeroshot": results, "mean_acc": mean, "seconds": time.perf_counter() - start,
+    }
+
+
+def run(args) -> None:
+    """The ``fedlib zeroshot`` verb."""
+    import torch
+
+    from fedlib.io import write_text_atomic
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data_dir = None if args.data_dir in (None, "", "hub") else Path(args.data_dir)
+    record = zeroshot_variant(args.model, args.tasks, data_dir, args.limit, mask=args.mask, scale=args.scale,
+                              weights=args.weights, batch_size=args.batch_size, seed=args.seed, label=args.label)
+    for task in record["tasks"]:
+        row = record["zeroshot"][task]
+        print(f"{args.label} {task}: acc {row['acc']:.4f} on {row['n']} documents")
+    print(f"{args.label} mean acc {record['mean_acc']:.4f} in {record['seconds']:.1f}s")
+    write_text_atomic(Path(args.out), json.dumps(record, indent=2, sort_keys=True) + "\n")
