@@ -2,6 +2,7 @@
 # the logic lives in the fedlib library, which every rule calls through the `fedlib` CLI.
 
 configfile: "config.yaml"
+report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
@@ -11,6 +12,7 @@ include: "workflow/rules/clients.smk"
 include: "workflow/rules/server.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/zeroshot.smk"
 include: "workflow/rules/studies.smk"
 
 
@@ -18,4 +20,6 @@ rule all:
     input:
         f"{REPORTS}/table1.md",
         f"{REPORTS}/table1.csv",
+        f"{REPORTS}/table12_run.md",
+        f"{REPORTS}/table12_run.csv",
     default_target: True

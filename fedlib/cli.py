@@ -282,9 +282,10 @@ def cmd_inspect(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from fedlib.report import write_perplexity_table
+    from fedlib.report import write_spec_table
 
-    write_perplexity_table(json.loads(args.spec), Path(args.out_md), Path(args.out_csv))
+    write_spec_table(json.loads(args.spec), Path(args.out_md), Path(args.out_csv),
+                     Path(args.out_html) if args.out_html else None)
 
 
 # --------------------------------------------------------------------------- parser
@@ -418,10 +419,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("inspect", cmd_inspect, "print a mask file's header (checked)")
     p.add_argument("mask")
 
-    p = verb("report", cmd_report, "write a perplexity table (Markdown + CSV) from evaluation results")
-    p.add_argument("--spec", required=True, help="JSON: title, context, columns, rows -> result files")
+    p = verb("report", cmd_report,
+             "write a table (Markdown + CSV, optionally HTML) from perplexity or zero-shot results")
+    p.add_argument("--spec", required=True,
+                   help="JSON: title, context, columns, rows -> result files, measure (perplexity|zeroshot)")
     p.add_argument("--out-md", required=True)
     p.add_argument("--out-csv", required=True)
+    p.add_argument("--out-html", help="also a self-contained HTML page of the table")
+
+    from fedlib import plots
+
+    p = verb("plot", plots.run, plots.HELP)
+    plots.add_arguments(p)
     return parser
 
 

@@ -1,26 +1,77 @@
-"""Report tables (Markdown + CSV) built from the workflow's evaluation results."""
+"""Report tables (Markdown + CSV, optionally HTML) built from the workflow's evaluation results.
+
+Every table is described by a *spec* (built by the workflow's ``*_spec()`` functions):
+``title``, ``context`` (see :func:`provenance_lines`), ``columns`` (the leading,
+descriptive columns), ``rows`` (each with its descriptive ``cells`` and the result JSON
+files it reports) and ``measure``, which names the kind of result files and so the value
+columns: ``perplexity`` (``fedlib evaluate``; one column per dataset) or ``zeroshot``
+(``fedlib zeroshot``; one column per task plus the mean accuracy). One writer,
+:func:`write_spec_table`, serves every measure; a :class:`Measure` says how a result file
+becomes cells and which evaluation lines the header carries.
+"""
 
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedlib.io import write_text_atomic
 
 DATASET_TITLES = {"wikitext2": "WikiText-2", "c4": "C4", "ptb": "PTB"}
+TASK_TITLES = {"boolq": "BoolQ", "rte": "RTE", "hellaswag": "HellaSwag", "winogrande": "WinoGrande",
+               "arc_easy": "ARC-e", "arc_challenge": "ARC-c", "openbookqa": "OBQA"}
+MEAN_KEY = "mean"
 
 
 def fmt_ppl(value: float) -> str:
     return f"{value:.2f}" if value < 1000 else f"{value:.1f}"
 
 
+_HTML_STYLE = (
+    "body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:1.5em;color:#222}"
+    "h1{font-size:1.2em}ul{font-size:.85em;color:#444}"
+    "table{border-collapse:collapse;font-size:.9em}"
+    "th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}"
+    "th{background:#f0f0f0}td.num{text-align:right;font-variant-numeric:tabular-nums}"
+)
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(str(cell).split(" ")[0])
+        return True
+    except ValueError:
+        return False
+
+
+def table_html(title: str, header_lines: Sequence[str], columns: Sequence[str],
+               rows: Sequence[Sequence[str]]) -> str:
+    """A self-contained HTML page of one table (no scripts, no external resources)."""
+    esc = html.escape
+    out = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
+           f"<title>{esc(title)}</title><style>{_HTML_STYLE}</style></head><body>",
+           f"<h1>{esc(title)}</h1>", "<ul>"]
+    out += [f"<li>{esc(line)}</li>" for line in header_lines]
+    out += ["</ul>", "<table>", "<thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in columns) + "</tr></thead>",
+            "<tbody>"]
+    for row in rows:
+        cells = "".join(f'<td class="num">{esc(str(c))}</td>' if _is_number(c) else f"<td>{esc(str(c))}</td>"
+                        for c in row)
+        out.append(f"<tr>{cells}</tr>")
+    out += ["</tbody>", "</table>", "</body></html>"]
+    return "\n".join(out) + "\n"
+
+
 def write_table(md_path: Path, csv_path: Path, title: str, header_lines: Sequence[str],
-                columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """One table as Markdown (title, provenance lines, table) and as plain CSV."""
+                columns: Sequence[str], rows: Sequence[Sequence[str]], html_path: Path | None = None) -> None:
+    """One table as Markdown (title, provenance lines, table), as plain CSV and, when
+    ``html_path`` is given, as a self-contained HTML page (what the Snakemake report shows)."""
     md = [f"# {title}", ""]
     md += [f"- {line}" for line in header_lines]
     md += ["", "| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
@@ -31,30 +82,33 @@ def write_table(md_path: Path, csv_path: Path, title: str, header_lines: Sequenc
     writer.writerow(columns)
     writer.writerows(rows)
     write_text_atomic(csv_path, buffer.getvalue())
+    if html_path is not None:
+        write_text_atomic(Path(html_path), table_html(title, header_lines, columns, rows))
 
 
 def _load(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def _mean_std(values: list[float]) -> str:
+def _mean_std(values: list[float], fmt: Callable[[float], str] = fmt_ppl) -> str:
     if len(values) == 1:
-        return fmt_ppl(values[0])
-    return f"{fmt_ppl(statistics.mean(values))} ± {fmt_ppl(statistics.stdev(values))}"
+        return fmt(values[0])
+    return f"{fmt(statistics.mean(values))} ± {fmt(statistics.stdev(values))}"
 
 
-def provenance_lines(context: dict, example: dict) -> list[str]:
-    """Header lines every table carries: model + fingerprint, config, seed, version, commit,
-    the setting and exactly which evaluation windows were scored."""
-    from fedlib import __version__
+# --------------------------------------------------------------------------- measures
 
-    lines = [
-        f"Model: {context['model']} (fingerprint {example.get('model_fingerprint', '?')[:16]})",
-        f"Config: {context.get('config', '?')}; seed {context.get('seed')}; "
-        f"fedlib {__version__}, commit {context.get('commit', '?')}",
-    ]
-    lines += context.get("lines", [])
-    windows = []
+
+def _perplexity_columns(example: dict) -> list[tuple[str, str]]:
+    return [(d, DATASET_TITLES.get(d, d)) for d in example["perplexity"]]
+
+
+def _perplexity_value(result: dict, key: str) -> float:
+    return result["perplexity"][key]["ppl"]
+
+
+def _perplexity_lines(example: dict) -> list[str]:
+    lines, windows = [], []
     for dataset, row in example["perplexity"].items():
         windows.append(
             f"{DATASET_TITLES.get(dataset, dataset)} {row['windows']} of {row['total_windows']} "
@@ -66,18 +120,132 @@ def provenance_lines(context: dict, example: dict) -> list[str]:
     return lines
 
 
-def write_perplexity_table(spec: dict, md_path: Path, csv_path: Path) -> None:
-    """A perplexity table from a spec: ``title``, ``context`` (see :func:`provenance_lines`),
-    ``columns`` (the leading, descriptive columns) and ``rows``, each with its descriptive
-    ``cells`` and the evaluation ``results`` (JSON files) it reports: one file gives the
-    value, several give mean ± std (Local-only over clients)."""
-    rows = spec["rows"]
-    loaded = [[_load(p) for p in row["results"]] for row in rows]
+def _perplexity_setup(result: dict) -> dict:
+    return {d: (row["windows"], row["seqlen"]) for d, row in result["perplexity"].items()}
+
+
+def _zeroshot_columns(example: dict) -> list[tuple[str, str]]:
+    return [(t, TASK_TITLES.get(t, t)) for t in example["tasks"]] + [(MEAN_KEY, "Mean")]
+
+
+def _zeroshot_value(result: dict, key: str) -> float:
+    metric = result.get("metric", "acc")
+    if key == MEAN_KEY:
+        return 100 * statistics.mean(result["zeroshot"][t][metric] for t in result["tasks"])
+    return 100 * result["zeroshot"][key][metric]
+
+
+def _zeroshot_lines(example: dict) -> list[str]:
+    tasks, limit = example["tasks"], example.get("limit")
+    scored = example["zeroshot"]
+    sizes = []
+    for t in tasks:
+        total = scored[t].get("total")
+        sizes.append(f"{TASK_TITLES.get(t, t)} {scored[t]['n']}" + (f" of {total}" if total else ""))
+    if limit is None:
+        how = "on the full splits (no limit)"
+    else:
+        how = f"on the first {limit} documents of each task (limit {limit} per task)"
+    lines = [
+        f"Zero-shot accuracy (%, lm-eval `{example.get('metric', 'acc')}`, 0-shot) {how}: "
+        + "; ".join(sizes) + f" documents. Mean = unweighted mean over the {len(tasks)} tasks."
+    ]
+    smallest = min(scored[t]["n"] for t in tasks)
+    if limit is not None:
+        lines.append(f"With {smallest} documents per task one task's accuracy has a standard error of up to "
+                     f"{50 / smallest ** 0.5:.0f} points: read small differences as noise.")
+    if example.get("data_dir", "hub") != "hub":
+        lines.append("Offline: the stock lm-eval task definitions on local copies of their scored splits "
+                     "(BoolQ, RTE, HellaSwag, WinoGrande validation; ARC, OpenBookQA test).")
+    return lines
+
+
+def _zeroshot_setup(result: dict) -> dict:
+    return {"tasks": result["tasks"], "limit": result.get("limit"), "metric": result.get("metric", "acc")}
+
+
+def _fmt_acc(value: float) -> str:
+    return f"{value:.2f}"
+
+
+@dataclass(frozen=True)
+class Measure:
+    """How one kind of result file becomes table cells.
+
+    ``columns(example)`` -> [(key, column title)]; ``value(result, key)`` -> a number;
+    ``fmt`` formats it; ``lines(example)`` are the header lines saying what was evaluated;
+    ``setup(result)`` must agree over every result of a table (same windows / tasks / limit)."""
+
+    name: str
+    columns: Callable[[dict], list[tuple[str, str]]]
+    value: Callable[[dict, str], float]
+    fmt: Callable[[float], str]
+    lines: Callable[[dict], list[str]]
+    setup: Callable[[dict], dict]
+
+
+MEASURES: dict[str, Measure] = {
+    "perplexity": Measure("perplexity", _perplexity_columns, _perplexity_value, fmt_ppl,
+                          _perplexity_lines, _perplexity_setup),
+    "zeroshot": Measure("zeroshot", _zeroshot_columns, _zeroshot_value, _fmt_acc,
+                        _zeroshot_lines, _zeroshot_setup),
+}
+
+
+def measure_of(spec_or_result: dict) -> Measure:
+    """The measure a spec names (``measure``; default perplexity), or that a result file holds."""
+    name = spec_or_result.get("measure")
+    if name is None:
+        name = "zeroshot" if "zeroshot" in spec_or_result else "perplexity"
+    if name not in MEASURES:
+        raise ValueError(f"unknown measure {name!r}; known: {', '.join(MEASURES)}")
+    return MEASURES[name]
+
+
+def provenance_lines(context: dict, example: dict, measure: Measure | None = None) -> list[str]:
+    """Header lines every table (and plot caption) carries: model + fingerprint, config and
+    its hash, seed, fedlib version, commit, the setting, and exactly what was evaluated."""
+    from fedlib import __version__
+
+    measure = measure or measure_of(example)
+    config_hash = f" (sha256 {context['config_hash']})" if context.get("config_hash") else ""
+    lines = [
+        f"Model: {context['model']} (fingerprint {example.get('model_fingerprint', '?')[:16]})",
+        f"Config: {context.get('config', '?')}{config_hash}; seed {context.get('seed')}; "
+        f"fedlib {__version__}, commit {context.get('commit', '?')}",
+    ]
+    lines += context.get("lines", [])
+    lines += measure.lines(example)
+    return lines
+
+
+def load_rows(spec: dict) -> tuple[Measure, list[list[dict]]]:
+    """The spec's measure and every row's loaded result files (checked to agree on their setup)."""
+    measure = measure_of(spec)
+    loaded = [[_load(p) for p in row["results"]] for row in spec["rows"]]
+    reference = measure.setup(loaded[0][0])
+    for row, results in zip(spec["rows"], loaded):
+        for path, result in zip(row["results"], results):
+            if measure.setup(result) != reference:
+                raise ValueError(f"{path}: evaluated with {measure.setup(result)}, but the table's first result "
+                                 f"with {reference}; rerun the evaluation")
+    return measure, loaded
+
+
+def write_spec_table(spec: dict, md_path: Path, csv_path: Path, html_path: Path | None = None) -> None:
+    """A table from a spec (see the module docstring): one file per row gives the value,
+    several give mean ± std (Local-only over clients)."""
+    measure, loaded = load_rows(spec)
     example = loaded[0][0]
-    datasets = list(example["perplexity"])
-    columns = list(spec["columns"]) + [DATASET_TITLES.get(d, d) for d in datasets]
+    value_columns = measure.columns(example)
+    columns = list(spec["columns"]) + [title for _, title in value_columns]
     table = []
-    for row, results in zip(rows, loaded):
-        values = [_mean_std([r["perplexity"][d]["ppl"] for r in results]) for d in datasets]
+    for row, results in zip(spec["rows"], loaded):
+        values = [_mean_std([measure.value(r, key) for r in results], measure.fmt) for key, _ in value_columns]
         table.append(list(row["cells"]) + values)
-    write_table(md_path, csv_path, spec["title"], provenance_lines(spec["context"], example), columns, table)
+    write_table(md_path, csv_path, spec["title"], provenance_lines(spec["context"], example, measure),
+                columns, table, html_path)
+
+
+#: The perplexity tables' historical name; every measure goes through the same writer.
+write_perplexity_table = write_spec_table

@@ -55,3 +55,33 @@ def test_cli_errors_are_clear(tiny_model_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and str(bogus) in err and "'file'" in err
     assert not (tmp_path / "g.safetensors").exists()
+
+
+def test_simulation_verbs(tiny_model_dir, tmp_path):
+    """iterative, fedspallm and random-mask produce files that evaluate accepts."""
+    model_dir = str(tiny_model_dir)
+    vocab = load_model(model_dir)[0].config.vocab_size
+    calib = []
+    for client in range(2):
+        path = tmp_path / f"client_{client}.safetensors"
+        save_tokens(path, torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(client)))
+        calib.append(str(path))
+    windows = tmp_path / "win.safetensors"
+    save_tokens(windows, torch.randint(0, vocab, (1, 16)), dataset="ptb", total_windows=1)
+    iterative = tmp_path / "iterative.mask.safetensors"
+    assert main(["iterative", "--model", model_dir, "--calib", *calib, "--server-group", "layer",
+                 "--out", str(iterative), "--record", str(tmp_path / "rounds.json")]) == 0
+    record = json.loads((tmp_path / "rounds.json").read_text())
+    assert record["rounds"] == 2 and record["bytes_up"] == record["bytes_down"] > 0  # broadcast to each client
+    weights = tmp_path / "global.weights.safetensors"
+    standalone = tmp_path / "standalone_0.weights.safetensors"
+    assert main(["fedspallm", "--model", model_dir, "--calib", *calib, "--sparsity", "0.5",
+                 "--standalone-out", str(standalone), "--out", str(weights),
+                 "--record", str(tmp_path / "fs.json")]) == 0
+    random_mask = tmp_path / "random.mask.safetensors"
+    assert main(["random-mask", "--model", model_dir, "--sparsity", "0.5", "--out", str(random_mask)]) == 0
+    for flag, path in [("--mask", iterative), ("--weights", weights), ("--weights", standalone), ("--mask", random_mask)]:
+        out = tmp_path / f"{path.stem}.json"
+        assert main(["evaluate", "--model", model_dir, flag, str(path), "--windows", str(windows),
+                     "--label", path.stem, "--out", str(out)]) == 0
+        assert json.loads(out.read_text())["measured_sparsity"] >= 0.49

@@ -28,6 +28,8 @@ def tiny_config(model_dir, data_dir, windows=2):
         "baselines": {"local_only_clients": 1},
         "evaluation": {"datasets": ["wikitext2", "c4", "ptb"], "seqlen": 32, "windows": windows,
                        "c4_docs": [800, 820], "batch_size": 1},
+        "zeroshot": {"tasks": ["rte", "arc_easy"], "limit": 2, "batch_size": 8,
+                     "run_rows": ["dense", "centralized", "fedprllm_noscale"]},
     }
 
 
@@ -108,3 +110,18 @@ def test_invalid_config_is_rejected(tmp_path, tiny_model_dir, data_dir):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(AssertionError, match="sparsity"):
         snakemake(tmp_path, "--configfile", "config.yaml", "-n")
+
+
+def test_named_study_targets_plan(tmp_path, tiny_model_dir, data_dir):
+    """Every named study target resolves to a complete DAG on a tiny config."""
+    config = tiny_config(tiny_model_dir, data_dir)
+    config["studies"] = {"local_groups": ["layer"], "sparsities": [0.6], "methods": ["sparsegpt", "owl"],
+                         "clients_sweep": [1, 3], "samples_sweep": [2, 4],
+                         "noniid": {"per_dataset": 2, "clients": 3, "alpha": 5},
+                         "fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 1}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    targets = ["table1_full", "table2", "table4", "table5", "table6", "table10", "table11", "table14",
+               "figure2", "figure3", "fedspallm2"]
+    jobs = planned_jobs(snakemake(tmp_path, *targets, "--configfile", str(tmp_path / "config.yaml"), "-n"))
+    assert jobs["iterative"] == 4 and jobs["fedspallm"] == 1 and jobs["random_mask"] == 1
+    assert all(jobs[f"study_{t}"] == 1 for t in targets)

@@ -136,6 +136,13 @@ def fedprllm_labels(strategies=None, groups=None, scalings=None):
     ]
 
 
+def config_hash():
+    """sha256 (first 12 hex digits) of the whole validated config, defaults filled in."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def report_context(calib, split, prune, title_extra=""):
     dataset, nsamples, seqlen = parse_calib(calib)
     kind, n = parse_split(split)
@@ -145,6 +152,7 @@ def report_context(calib, split, prune, title_extra=""):
         "model": config["model"]["name"],
         "config": workflow.configfiles[-1] if workflow.configfiles else "config.yaml",
         "seed": config["seed"],
+        "config_hash": config_hash(),
         "commit": _commit(),
         "lines": [
             f"{n} clients, {nsamples} calibration samples x {seqlen} tokens from {dataset} "

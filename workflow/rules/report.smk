@@ -42,6 +42,7 @@ rule table1:
     output:
         md=f"{REPORTS}/table1.md",
         csv=f"{REPORTS}/table1.csv",
+        html=report(f"{REPORTS}/table1.html", caption="../report/table1.rst", category="Perplexity"),
     params:
         spec=json.dumps(table1_spec()),
     conda:
@@ -51,4 +52,5 @@ rule table1:
     benchmark:
         f"{BENCH}/report/table1.tsv"
     shell:
-        "{FEDLIB} report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} > {log} 2>&1"
+        "{FEDLIB} report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
+        "--out-html {output.html} > {log} 2>&1"

@@ -99,17 +99,33 @@ def table14_spec():
     }
 
 
-def _sweep_spec(title, xlabel, points):
+def fedprllm_name(label):
+    """fedprllm_oneshot_layer_scale -> FedPrLLM (layer, one-shot, scaling)"""
+    _, strategy, group, scale = label.split("_")
+    return f"FedPrLLM ({group_arg(group)}, {'one-shot' if strategy == 'oneshot' else 'iterative'}" + (
+        ", scaling)" if scale == "scale" else ")")
+
+
+SWEEP_SERIES = [("fedprllm_oneshot_layer_noscale", "FedPrLLM (layer, one-shot)"), ("centralized", "Centralized")]
+
+
+def _sweep_spec(title, xlabel, points, series=SWEEP_SERIES, xscale="log2", xformat="int"):
+    """A sweep as a table and a plot spec: rows carry x and series (fedlib plot); Dense is the
+    plot's reference line."""
     rows = []
     for x, (calib, split, prune) in points:
-        for label, name in [("fedprllm_oneshot_layer_noscale", "FedPrLLM (layer, one-shot)"),
-                            ("centralized", "Centralized")]:
-            rows.append({"cells": [str(x), name], "results": [eval_json(calib, split, prune, label)]})
+        cell = f"{x:.0%}" if xformat == "percent" else str(x)
+        for label, name in series:
+            rows.append({"cells": [cell, name], "x": x, "series": name,
+                         "results": [eval_json(calib, split, prune, label)]})
         local = local_only_labels(split)
-        rows.append({"cells": [str(x), f"Local-only (mean ± std, {len(local)} clients)"],
+        rows.append({"cells": [cell, f"Local-only (mean ± std, {len(local)} clients)"], "x": x,
+                     "series": "Local-only (mean ± std)",
                      "results": [eval_json(calib, split, prune, l) for l in local]})
     return {"title": title, "context": report_context(*setting(), title_extra=f"; {xlabel} varied per row"),
-            "columns": [xlabel, "Method"], "rows": rows}
+            "columns": [xlabel, "Method"], "rows": rows,
+            "reference": [{"series": "Dense", "results": [eval_json(*setting(), "dense")]}],
+            "plot": {"xlabel": xlabel, "xscale": xscale, "xformat": xformat}}
 
 
 def figure2_spec():
@@ -125,6 +141,19 @@ def figure3_spec():
     points = [(t, _with(calib=f"{c['dataset']}-{t}x{c['seqlen']}", split=f"iid-{t // 2}"))
               for t in STUDIES.get("samples_sweep", [4, 8, 16, 32])]
     return _sweep_spec("Figure 3 analogue: number of calibration samples (clients = half)", "Samples", points)
+
+
+def sparsity_plot_spec():
+    """Perplexity vs sparsity (paper Tables 6-8 as a figure): the default sparsity and studies.sparsities."""
+    sparsities = sorted({config["pruning"]["sparsity"], *STUDIES.get("sparsities", [0.6, 0.7])})
+    series = [("centralized", "Centralized")] + [(label, fedprllm_name(label)) for label in fedprllm_labels()]
+    points = [(s, _with(sparsity=s)) for s in sparsities]
+    return _sweep_spec("Perplexity vs sparsity (paper Tables 6-8)", "Sparsity", points, series,
+                       xscale="linear", xformat="percent")
+
+
+def plot_rule_inputs(spec):
+    return sorted({p for row in spec["rows"] + spec.get("reference", []) for p in row["results"]})
 
 
 def _noniid_setting(**prune_changes):
@@ -191,6 +220,9 @@ def fedspallm_spec(clients):
 
 STUDY_SPECS = {
     "table1_full": lambda: table1_spec(("oneshot", "iterative")),
+    "table12_run": table12_run_spec,  # zeroshot.smk; part of `make run`
+    "table12": table12_spec,
+    "table13": table13_spec,
     "table2": table2_spec,
     "table6": table6_spec,
     "table10": table10_spec,
@@ -204,6 +236,27 @@ STUDY_SPECS = {
 }
 
 
+# PNG plots of the named targets that are figures in the papers (`fedlib plot`, same specs)
+STUDY_PLOTS = {"figure2": figure2_spec, "figure3": figure3_spec, "table6": sparsity_plot_spec}
+
+
+def study_category(name):
+    """Category of a study's table / plot in the Snakemake report (`snakemake --report`)."""
+    if name.startswith("table12") or name == "table13":
+        return "Zero-shot"
+    if name in STUDY_PLOTS:
+        return "Sweeps"
+    if name.startswith("fedspallm"):
+        return "FedSpaLLM"
+    return "Perplexity"
+
+
+def study_caption(name, kind="table"):
+    """workflow/report/<name>.rst when there is one, else the generic caption of its kind."""
+    own = Path(workflow.basedir) / "workflow" / "report" / f"{name}.rst"
+    return f"../report/{name}.rst" if own.is_file() else f"../report/study_{kind}.rst"
+
+
 for _name, _spec in STUDY_SPECS.items():
 
     rule:
@@ -214,6 +267,7 @@ for _name, _spec in STUDY_SPECS.items():
         output:
             md=f"{REPORTS}/{_name}.md",
             csv=f"{REPORTS}/{_name}.csv",
+            html=report(f"{REPORTS}/{_name}.html", caption=study_caption(_name), category=study_category(_name)),
         params:
             spec=json.dumps(_spec()),
         conda:
@@ -223,7 +277,29 @@ for _name, _spec in STUDY_SPECS.items():
         benchmark:
             f"{BENCH}/report/{_name}.tsv"
         shell:
-            "{FEDLIB} report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} > {log} 2>&1"
+            "{FEDLIB} report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
+            "--out-html {output.html} > {log} 2>&1"
+
+
+for _name, _spec in STUDY_PLOTS.items():
+
+    rule:
+        name:
+            f"plot_{_name}"
+        input:
+            plot_rule_inputs(_spec()),
+        output:
+            report(f"{REPORTS}/{_name}.png", caption=study_caption(f"{_name}_plot", "plot"), category="Sweeps"),
+        params:
+            spec=json.dumps(_spec()),
+        conda:
+            "../../envs/fedlib.yaml"
+        log:
+            f"{LOGS}/report/{_name}_plot.log",
+        benchmark:
+            f"{BENCH}/report/{_name}_plot.tsv"
+        shell:
+            "{FEDLIB} plot --spec {params.spec:q} --out {output} > {log} 2>&1"
 
 
 for _name in STUDY_SPECS:
@@ -233,6 +309,7 @@ for _name in STUDY_SPECS:
             _name
         input:
             f"{REPORTS}/{_name}.md",
+            [f"{REPORTS}/{_name}.png"] if _name in STUDY_PLOTS else [],
 
 
 rule tables_all:
