@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install run test report benchmark clean
+.PHONY: install run test report report-check benchmark clean
 
 install: $(STAMP)
 
@@ -31,12 +31,18 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# the HTML report of rule all's outputs (after `make run`); add named targets with
+# e.g. `make report TARGETS="all figure2 table12"` (after running them)
 report: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES) --report reports/report.html
+	$(BIN)/snakemake --cores $(CORES) --report reports/report.html $(TARGETS)
+
+# check the report in headless chromium and refresh the README's screenshot
+report-check: report
+	$(BIN)/python tools/check_report.py reports/report.html --screenshot docs/report.png --show table1.html
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/bench_client_mask.py
 	$(BIN)/python benchmarks/bench_server.py
 
 clean:
-	rm -rf results reports/*.md reports/*.csv .snakemake
+	rm -rf results reports/*.md reports/*.csv reports/*.html reports/*.png .snakemake

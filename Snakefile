@@ -14,6 +14,7 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/zeroshot.smk"
 include: "workflow/rules/studies.smk"
+include: "workflow/rules/privacy.smk"
 
 
 rule all:
@@ -22,4 +23,5 @@ rule all:
         f"{REPORTS}/table1.csv",
         f"{REPORTS}/table12_run.md",
         f"{REPORTS}/table12_run.csv",
+        PRIVACY_RUN_REPORTS,  # reduced privacy audit (workflow/rules/privacy.smk)
     default_target: True

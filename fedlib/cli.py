@@ -226,20 +226,11 @@ def cmd_eval_windows(args) -> None:
 def cmd_evaluate(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.evaluate.perplexity import perplexity
-    from fedlib.models import fingerprint, load_model
-    from fedlib.pruned import apply_mask_file, measured_sparsity
+    from fedlib.pruned import load_variant, measured_sparsity
 
     _threads(args)
     start = time.perf_counter()
-    model, _ = load_model(args.model)
-    base_fingerprint = fingerprint(model)
-    applied = None
-    if args.mask:
-        applied = apply_mask_file(model, Path(args.mask), scale=args.scale, model_fingerprint=base_fingerprint)
-    if args.weights:
-        from fedlib.server.fedspallm import apply_weight_file
-
-        applied = apply_weight_file(model, Path(args.weights), base_fingerprint)
+    model, _, base_fingerprint, applied = load_variant(args.model, args.mask, args.scale, args.weights)
     results = {}
     for path in args.windows:
         ids, meta = load_tokens(Path(path))
@@ -409,6 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("zeroshot", zeroshot_cli.run, zeroshot_cli.HELP)
     zeroshot_cli.add_arguments(p)
+
+    from fedlib import privacy_cli
+
+    p = verb("privacy", privacy_cli.run, privacy_cli.HELP)
+    privacy_cli.add_arguments(p)
 
     p = verb("export", cmd_export, "write a normal Hugging Face checkpoint with the mask applied")
     p.add_argument("--model", required=True)

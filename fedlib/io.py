@@ -17,6 +17,10 @@ def atomic_path(path: Path):
     os.close(fd)
     try:
         yield Path(tmp)
+        # mkstemp creates 0600; give the result the permissions an ordinary open() would
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -50,6 +50,22 @@ def _point(measure, results: list[dict], key: str) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def _set_yscale(ax, yscale: str) -> None:
+    """``log``, ``linear``, or ``auto``: log when the plotted values span more than a decade.
+    Tick labels are plain numbers (no offsets, no 4.93 x 10^4 minor labels)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    if yscale == "auto":
+        low, high = ax.dataLim.y0, ax.dataLim.y1
+        yscale = "log" if low > 0 and high / low > 10 else "linear"
+    ax.set_yscale(yscale)
+    if yscale == "log":
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax.ticklabel_format(axis="y", style="plain", useOffset=False)
+
+
 def write_plot(spec: dict, out: Path) -> Path:
     import matplotlib
 
@@ -58,7 +74,7 @@ def write_plot(spec: dict, out: Path) -> Path:
     from matplotlib.ticker import FixedLocator, NullLocator
 
     from fedlib.io import atomic_path
-    from fedlib.report import load_rows, provenance_lines
+    from fedlib.report import MEAN_KEY, load_rows, provenance_lines
 
     options = spec.get("plot", {})
     rows = [row for row in spec["rows"] if row.get("x") is not None]
@@ -69,7 +85,7 @@ def write_plot(spec: dict, out: Path) -> Path:
     ref_loaded = [[json.loads(Path(p).read_text()) for p in ref["results"]] for ref in references]
     example = loaded[0][0]
     columns = dict(measure.columns(example))
-    keys = options.get("panels") or list(columns)
+    keys = options.get("panels") or ([MEAN_KEY] if measure.name == "zeroshot" else list(columns))
     unknown = [k for k in keys if k not in columns]
     if unknown:
         raise ValueError(f"plot panels {unknown} are not value columns of the {measure.name} results ({list(columns)})")
@@ -82,10 +98,14 @@ def write_plot(spec: dict, out: Path) -> Path:
     fig = plt.figure(figsize=(width_px / DPI, height_px / DPI), dpi=DPI)
     fig.suptitle(spec["title"], fontsize=10, y=0.985)
     axes = fig.subplots(1, len(keys), squeeze=False)[0]
-    fig.subplots_adjust(left=0.07 if len(keys) > 1 else 0.11, right=0.98, top=0.78, bottom=0.34, wspace=0.28)
+    chars = int(width_px / DPI * 17)  # caption characters per line at 6.5 pt
+    caption = "\n".join(textwrap.fill(line, chars) for line in provenance_lines(spec["context"], example, measure))
+    caption_in = (caption.count("\n") + 1) * 6.5 * 1.3 / 72  # caption height in inches
+    fig.subplots_adjust(left=0.07 if len(keys) > 1 else 0.11, right=0.98, top=0.78,
+                        bottom=min(0.5, (caption_in + 0.7) / HEIGHT_IN), wspace=0.28)
     xs = sorted({float(row["x"]) for row in rows})
     ylabel = options.get("ylabel", "perplexity" if measure.name == "perplexity" else "accuracy (%)")
-    yscale = options.get("yscale", "log" if measure.name == "perplexity" else "linear")
+    yscale = options.get("yscale", "auto" if measure.name == "perplexity" else "linear")
     markers = "osD^v<>ph*"
     for ax, key in zip(axes, keys):
         for i, (name, points) in enumerate(series.items()):
@@ -102,7 +122,7 @@ def write_plot(spec: dict, out: Path) -> Path:
         ax.xaxis.set_minor_locator(NullLocator())
         fmt = options.get("xformat", "int")
         ax.set_xticklabels([f"{x:.0%}" if fmt == "percent" else f"{x:g}" for x in xs])
-        ax.set_yscale(yscale)
+        _set_yscale(ax, yscale)
         ax.set_xlabel(options.get("xlabel", spec["columns"][0]))
         ax.set_ylabel(ylabel)
         ax.set_title(columns[key], fontsize=9)
@@ -110,9 +130,7 @@ def write_plot(spec: dict, out: Path) -> Path:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.945), ncol=min(4, len(labels)),
                fontsize=7.5, frameon=False)
-    chars = int(width_px / DPI * 17)
-    caption = [textwrap.fill(line, chars) for line in provenance_lines(spec["context"], example, measure)]
-    fig.text(0.01, 0.015, "\n".join(caption), fontsize=6.5, va="bottom", ha="left", color="0.2")
+    fig.text(0.01, 0.015, caption, fontsize=6.5, va="bottom", ha="left", color="0.2")
     out = Path(out)
     with atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=DPI, format="png")

@@ -49,3 +49,24 @@ def measured_sparsity(model: nn.Module) -> float:
         zeros += int((weight == 0).sum())
         total += weight.numel()
     return zeros / total
+
+
+def load_variant(model_dir: str, mask: str | None = None, scale: bool = False, weights: str | None = None):
+    """(model, tokenizer, base fingerprint, applied summary) for one evaluated variant: the base
+    model with a mask file (optionally scaled) or a FedSpaLLM weight file applied in memory."""
+    from fedlib.models import load_model
+
+    if scale and not mask:
+        raise ValueError("--scale needs --mask (a global mask file with vote counts)")
+    if mask and weights:
+        raise ValueError("give either --mask or --weights, not both")
+    model, tokenizer = load_model(model_dir)
+    base_fingerprint = fingerprint(model)
+    applied = None
+    if mask:
+        applied = apply_mask_file(model, Path(mask), scale=scale, model_fingerprint=base_fingerprint)
+    if weights:
+        from fedlib.server.fedspallm import apply_weight_file
+
+        applied = apply_weight_file(model, Path(weights), base_fingerprint)
+    return model, tokenizer, base_fingerprint, applied

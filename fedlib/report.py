@@ -99,8 +99,13 @@ def _mean_std(values: list[float], fmt: Callable[[float], str] = fmt_ppl) -> str
 # --------------------------------------------------------------------------- measures
 
 
+def _paper_order(dataset: str) -> tuple[int, str]:
+    order = list(DATASET_TITLES)  # WikiText-2, C4, PTB as in the papers' tables
+    return (order.index(dataset) if dataset in order else len(order), dataset)
+
+
 def _perplexity_columns(example: dict) -> list[tuple[str, str]]:
-    return [(d, DATASET_TITLES.get(d, d)) for d in example["perplexity"]]
+    return [(d, DATASET_TITLES.get(d, d)) for d in sorted(example["perplexity"], key=_paper_order)]
 
 
 def _perplexity_value(result: dict, key: str) -> float:
@@ -109,7 +114,8 @@ def _perplexity_value(result: dict, key: str) -> float:
 
 def _perplexity_lines(example: dict) -> list[str]:
     lines, windows = [], []
-    for dataset, row in example["perplexity"].items():
+    for dataset in sorted(example["perplexity"], key=_paper_order):
+        row = example["perplexity"][dataset]
         windows.append(
             f"{DATASET_TITLES.get(dataset, dataset)} {row['windows']} of {row['total_windows']} "
             f"windows × {row['seqlen']} tokens"

@@ -30,6 +30,12 @@ def tiny_config(model_dir, data_dir, windows=2):
                        "c4_docs": [800, 820], "batch_size": 1},
         "zeroshot": {"tasks": ["rte", "arc_easy"], "limit": 2, "batch_size": 8,
                      "run_rows": ["dense", "centralized", "fedprllm_noscale"]},
+        # the reduced privacy audit of rule all, at a size that costs seconds
+        "privacy": {"sensitivity": {"neighbours": 1},
+                    "membership": {"targets": 4, "pairs": 2, "blocks": 1, "seqlen": 8, "population": 8,
+                                   "epsilons": [2]},
+                    "inversion": {"tokens": [3], "steps": 10, "prior_samples": 2, "tiny": [1]},
+                    "defence": {"epsilons": [1], "group": "layer", "datasets": ["wikitext2"]}},
     }
 
 
@@ -64,6 +70,11 @@ def test_dry_run_plans_every_stage(workdir):
     assert jobs["aggregate"] == 2 and jobs["evaluate_dense"] == 1
     assert jobs["evaluate_perplexity"] == 1 + 1 + 4  # Centralized, 1 Local-only, 2 groups x 2 scalings
     assert jobs["client_data"] == 3 and jobs["table1"] == 1
+    # the reduced privacy audit: one job per analysis, one noisy global mask + evaluation per ε
+    assert all(jobs[f"privacy_{a}"] == 1 for a in ("entropy", "similarity", "sensitivity", "membership", "inversion"))
+    assert jobs["privacy_rr_aggregate"] == 1 and jobs["privacy_defence_eval"] == 1 and jobs["privacy_report_run"] == 1
+    # zero-shot rows of `make run`: Dense, Centralized, FedPrLLM per group without scaling
+    assert jobs["zeroshot_dense"] == 1 and jobs["zeroshot"] == 1 + 2 and jobs["study_table12_run"] == 1
 
 
 def test_real_run_then_reruns_only_what_changed(workdir, tiny_model_dir, data_dir):
@@ -78,19 +89,42 @@ def test_real_run_then_reruns_only_what_changed(workdir, tiny_model_dir, data_di
             assert float(value.split(" ")[0]) > 1.0
     markdown = (workdir / "reports" / "table1.md").read_text()
     assert str(tiny_model_dir) in markdown and "held-out documents" in markdown
-    for rule in ("client_mask", "aggregate", "evaluate", "report"):  # log: and benchmark: on every rule
+    for name in ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence"):
+        assert str(tiny_model_dir) in (workdir / "reports" / f"privacy_{name}.md").read_text(), name
+    assert (workdir / "reports" / "privacy_defence.png").stat().st_size > 0
+    zeroshot = list(csv.reader((workdir / "reports" / "table12_run.csv").open()))
+    assert zeroshot[0][4:] == ["RTE", "ARC-e", "Mean"]
+    assert [r[:2] for r in zeroshot[1:]] == [["Dense", "-"], ["Centralized", "-"], ["FedPrLLM", "Layer"],
+                                             ["FedPrLLM", "Column"]]
+    assert all(0 <= float(v) <= 100 for r in zeroshot[1:] for v in r[4:])
+    assert "limit 2 per task" in (workdir / "reports" / "table12_run.md").read_text()
+    for rule in ("client_mask", "aggregate", "evaluate", "zeroshot", "report"):  # log: and benchmark: on every rule
         assert any((workdir / "results" / "logs" / rule).rglob("*.log")), rule
-    for rule in ("client_mask", "aggregate", "evaluate", "report"):
+    for rule in ("client_mask", "aggregate", "evaluate", "zeroshot", "report"):
         assert any((workdir / "results" / "benchmarks" / rule).rglob("*.tsv")), rule
 
     # a rerun does nothing
     assert "Nothing to be done" in snakemake(workdir, "--configfile", "config.yaml", "-n")
+
+    # the HTML report is built from the existing results: no job runs, nothing is rewritten
+    before = {p: p.stat().st_mtime_ns for p in (workdir / "results").rglob("*") if p.is_file()}
+    before.update({p: p.stat().st_mtime_ns for p in (workdir / "reports").rglob("*") if p.is_file()})
+    log = snakemake(workdir, "--configfile", "config.yaml", "--report", "reports/report.html")
+    assert "Report created" in log and "Finished job" not in log
+    after = {p: p.stat().st_mtime_ns for p in (workdir / "results").rglob("*") if p.is_file()}
+    after.update({p: p.stat().st_mtime_ns for p in (workdir / "reports").rglob("*")
+                  if p.is_file() and p.name != "report.html"})
+    assert after == before
+    assert "Nothing to be done" in snakemake(workdir, "--configfile", "config.yaml", "-n")
+    report = (workdir / "reports" / "report.html").read_text()
+    assert "table1.html" in report and "table12_run.html" in report and '"Zero-shot"' in report
 
     # an evaluation setting changes: evaluation reruns, no mask is recomputed
     (workdir / "config_eval.yaml").write_text(yaml.safe_dump(tiny_config(tiny_model_dir, data_dir, windows=3)))
     jobs = planned_jobs(snakemake(workdir, "--configfile", "config_eval.yaml", "-n"))
     assert jobs.get("evaluate_perplexity") == 6 and jobs.get("evaluate_dense") == 1
     assert "client_mask" not in jobs and "centralized_mask" not in jobs and "aggregate" not in jobs
+    assert "zeroshot" not in jobs and "zeroshot_dense" not in jobs  # perplexity windows only
 
     # one client's data changes: only that client's mask and what depends on it
     # (a touch is not a change: Snakemake compares checksums of small inputs)
@@ -102,6 +136,24 @@ def test_real_run_then_reruns_only_what_changed(workdir, tiny_model_dir, data_di
     assert "client_data" not in jobs and "calibration_pool" not in jobs and "centralized_mask" not in jobs
     # client 2 is not a Local-only client here: Dense, Centralized and Local-only stay
     assert jobs["evaluate_perplexity"] == 4 and "evaluate_dense" not in jobs
+    assert jobs["zeroshot"] == 2 and "zeroshot_dense" not in jobs  # FedPrLLM layer and column
+
+
+def test_html_report_renders_in_a_browser(workdir):
+    """tools/check_report.py in headless chromium on the report the previous test built:
+    the app lists both categories, tables render with their CSV's cells, captions show."""
+    import shutil
+
+    if not (workdir / "reports" / "report.html").is_file():
+        pytest.skip("no report: test_real_run_then_reruns_only_what_changed did not get that far")
+    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+        pytest.skip("no chromium on PATH: the HTML report was built but not checked in a browser "
+                    "(Debian: apt-get install chromium)")
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "check_report.py"), "reports/report.html",
+                           "--expect-category", "Perplexity", "--expect-category", "Zero-shot"],
+                          capture_output=True, text=True, cwd=workdir, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "reports/table12_run.html: 4 rows x 7 columns rendered (= its CSV)" in proc.stdout
 
 
 def test_invalid_config_is_rejected(tmp_path, tiny_model_dir, data_dir):
@@ -121,7 +173,11 @@ def test_named_study_targets_plan(tmp_path, tiny_model_dir, data_dir):
                          "fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 1}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     targets = ["table1_full", "table2", "table4", "table5", "table6", "table10", "table11", "table14",
-               "figure2", "figure3", "fedspallm2"]
+               "figure2", "figure3", "fedspallm2", "table12", "table13"]
     jobs = planned_jobs(snakemake(tmp_path, *targets, "--configfile", str(tmp_path / "config.yaml"), "-n"))
     assert jobs["iterative"] == 4 and jobs["fedspallm"] == 1 and jobs["random_mask"] == 1
     assert all(jobs[f"study_{t}"] == 1 for t in targets)
+    assert jobs["plot_figure2"] == jobs["plot_figure3"] == jobs["plot_table6"] == 1
+    # table12: Dense, Centralized, 1 Local-only, 2 groups x 2 scalings; table13 (local group layer):
+    # Centralized, 1 Local-only, FedPrLLM layer/row/column
+    assert jobs["zeroshot_dense"] == 1 and jobs["zeroshot"] == (1 + 1 + 4) + (1 + 1 + 3)

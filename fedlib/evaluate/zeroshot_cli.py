@@ -79,25 +79,12 @@ def zeroshot_variant(model_dir: str, tasks, data_dir: Path | None, limit: int | 
                      batch_size: int = 8, seed: int = 0, label: str = "model") -> dict:
     """Load the base model, apply the variant in memory, score the tasks; the result record."""
     from fedlib.evaluate.zeroshot import evaluate_zeroshot
-    from fedlib.models import fingerprint, load_model
-    from fedlib.pruned import apply_mask_file, measured_sparsity
+    from fedlib.pruned import load_variant, measured_sparsity
 
-    if scale and not mask:
-        raise ValueError("--scale needs --mask (a global mask file with vote counts)")
-    if mask and weights:
-        raise ValueError("give either --mask or --weights, not both")
     start = time.perf_counter()
     tasks = list(tasks)
     sizes = split_sizes(tasks, data_dir)  # fails on a missing task file before any model work
-    model, tokenizer = load_model(model_dir)
-    base_fingerprint = fingerprint(model)
-    applied = None
-    if mask:
-        applied = apply_mask_file(model, Path(mask), scale=scale, model_fingerprint=base_fingerprint)
-    if weights:
-        from fedlib.server.fedspallm import apply_weight_file
-
-        applied = apply_weight_file(model, Path(weights), base_fingerprint)
+    model, tokenizer, base_fingerprint, applied = load_variant(model_dir, mask, scale, weights)
     scores = evaluate_zeroshot(model, tokenizer, tasks, data_dir=data_dir, limit=limit,
                                batch_size=batch_size, seed=seed)
     results = {}

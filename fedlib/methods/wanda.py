@@ -22,13 +22,13 @@ class WandaPruner(LayerPruner):
 
     def __init__(self, layer: nn.Linear, layer_name: str):
         super().__init__(layer, layer_name)
-        # float64 so that the sum over many tokens does not depend on batch split order
+        # per-batch sums in float32 (fast), accumulated across batches in float64
         self.sq_sum = torch.zeros(layer.in_features, dtype=torch.float64)
         self.n_tokens = 0
 
     def add_batch(self, inp: torch.Tensor) -> None:
-        x = inp.detach().reshape(-1, inp.shape[-1]).to(torch.float64)
-        self.sq_sum += (x * x).sum(dim=0).cpu()
+        x = inp.detach().reshape(-1, inp.shape[-1]).float()
+        self.sq_sum += (x * x).sum(dim=0).to("cpu", torch.float64)
         self.n_tokens += x.shape[0]
 
     def mean_sq_input(self) -> torch.Tensor:

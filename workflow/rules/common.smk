@@ -143,6 +143,19 @@ def config_hash():
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def config_files():
+    """The config files in the order they were merged: the Snakefile's, then --configfile ones."""
+    import os
+
+    def shown(f):
+        rel = os.path.relpath(os.path.abspath(f))
+        return str(f) if rel.startswith("..") else rel
+
+    cli = [os.path.abspath(f) for f in workflow.overwrite_configfiles]
+    files = [f for f in workflow.configfiles if os.path.abspath(f) not in cli] + cli
+    return " + ".join(dict.fromkeys(shown(f) for f in files)) or "config.yaml"
+
+
 def report_context(calib, split, prune, title_extra=""):
     dataset, nsamples, seqlen = parse_calib(calib)
     kind, n = parse_split(split)
@@ -150,7 +163,7 @@ def report_context(calib, split, prune, title_extra=""):
     partition = "IID" if kind == "iid" else f"Dirichlet(alpha={kind[3:]})"
     return {
         "model": config["model"]["name"],
-        "config": workflow.configfiles[-1] if workflow.configfiles else "config.yaml",
+        "config": config_files(),
         "seed": config["seed"],
         "config_hash": config_hash(),
         "commit": _commit(),

@@ -1,0 +1,571 @@
+"""Report tables (Markdown + CSV) and plots (PNG) of the privacy audit.
+
+:func:`write_reports` takes a spec (built by ``workflow/rules/privacy.smk``)::
+
+    {"context": {model, config, config_hash, seed, commit, lines},   # as report_context()
+     "out_dir": "reports", "suffix": "" | "_full", "size": "run" | "full",
+     "entropy": JSON, "similarity": JSON, "sensitivity": JSON, "membership": JSON,
+     "inversion": JSON,
+     "defence": {"records": {eps: JSON}, "evals": {eps: JSON}, "clean_eval": JSON,
+                 "dense_eval": JSON, "datasets": [...], "group": "layer"}}
+
+and writes ``privacy_<analysis><suffix>.md/.csv`` for every analysis present, plus
+``privacy_entropy_layers<suffix>.csv`` (every layer), ``privacy_membership_roc<suffix>.png``
+and ``privacy_defence<suffix>.png``. Every table header starts with the provenance lines
+of the other tables (model + fingerprint, config + hash, seed, fedlib version, commit, the
+setting) and then says exactly what was computed, with its sizes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from fedlib.io import write_text_atomic
+from fedlib.privacy.audit import PAPER
+from fedlib.report import DATASET_TITLES, fmt_ppl, write_table
+
+TYPE_ORDER = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _load(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def pct(x, digits: int = 2) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f} %"
+
+
+def num(x, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _ci(lo, hi, fmt=pct) -> str:
+    return f"[{fmt(lo)}, {fmt(hi)}]"
+
+
+def _types(names) -> list[str]:
+    return [t for t in TYPE_ORDER if t in names] + sorted(t for t in names if t not in TYPE_ORDER)
+
+
+def _cell(text: str, limit: int = 160) -> str:
+    """Text safe for a Markdown table cell: no pipes or newlines, truncated."""
+    text = (text or "").replace("|", "¦").replace("\r", "").replace("\n", " ⏎ ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def provenance(context: dict, fingerprint: str | None) -> list[str]:
+    """The provenance lines every report table starts with (as fedlib.report.provenance_lines)."""
+    from fedlib import __version__
+
+    config_hash = f" (sha256 {context['config_hash']})" if context.get("config_hash") else ""
+    return [
+        f"Model: {context.get('model', '?')} (fingerprint {(fingerprint or '?')[:16]})",
+        f"Config: {context.get('config', '?')}{config_hash}; seed {context.get('seed')}; "
+        f"fedlib {__version__}, commit {context.get('commit', '?')}",
+        *context.get("lines", []),
+    ]
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def _block_scope(blocks: int | None) -> str:
+    if blocks is None:
+        return "all decoder blocks"
+    return "decoder block 0" if blocks == 1 else f"decoder blocks 0..{blocks - 1}"
+
+
+def _size_label(spec: dict) -> str:
+    return "full audit (target privacy_full)" if spec.get("size") == "full" else \
+        "reduced audit (part of `make run`; target privacy_full has the full sizes)"
+
+
+# --------------------------------------------------------------------------- entropy
+
+
+def entropy_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[Path]:
+    layers = res["layers"]
+    m = res["n_clients"]
+
+    def agg(rows, label):
+        n = sum(r["numel"] for r in rows)
+        w = lambda key: sum(r[key] * r["numel"] for r in rows) / n  # noqa: E731
+        ens = w("ensemble_bits") if m >= 2 else None
+        mb, fb = w("mask_bits"), w("fp16_bits")
+        return [label, f"{n:,}", pct(w("mask_density")), num(mb), num(fb),
+                str(max(r["fp16_distinct"] for r in rows)), pct(mb / fb, 1), pct(1 - mb / fb, 1),
+                num(ens, 4) if ens is not None else "-"]
+
+    rows = []
+    paper_layer = [r for r in layers if r["block"] == 0 and r["type"] == "q_proj"]
+    if paper_layer:
+        rows.append(agg(paper_layer, f"Block 0 q_proj ({paper_layer[0]['name']}; the paper's layer)"))
+    by_type = {}
+    for r in layers:
+        by_type.setdefault(r["type"], []).append(r)
+    for t in _types(by_type):
+        rows.append(agg(by_type[t], f"{t}, all {len(by_type[t])} blocks"))
+    rows.append(agg(layers, f"Whole model ({len(layers)} linears; element-weighted mean of per-layer entropies)"))
+    rows.append(["Whole model, one pooled fp16 histogram", f"{res['total_entries']:,}", "-", "-",
+                 num(res["fp16_pooled_bits"]), str(res["fp16_pooled_distinct"]), "-", "-", "-"])
+    rows.append(["Paper: LLaMA-7B block-0 q_proj (fp16 weights)", "16,777,216", "50.00 %", num(PAPER["mask_bits"]),
+                 num(PAPER["fp16_bits"]), "-", "7.3 %", "92.7 %", "-"])
+    header = provenance(spec["context"], res["model_fingerprint"]) + [
+        _size_label(spec),
+        f"Mask: client {res['client_ids'][0]}'s shared mask file ({res['method']}, {res['group']} comparison, "
+        f"{res['sparsity']:.0%}, from its {res['n_samples']} calibration samples); on the wire it takes "
+        f"{res['file_bits_per_entry']:.3f} bits per weight (packed file incl. header).",
+        "Bits/entry are zero-order empirical entropies (each entry an independent draw from the tensor's "
+        "histogram): mask = H(density); fp16 = entropy of the float16 bit-pattern histogram (65,536 patterns).",
+        f"Across clients = mean over entries of H(fraction of the {m} clients pruning it), each client on a "
+        "disjoint random shard: the part of a mask that varies with the private data (0 = all clients agree).",
+        f"Weights are cast to float16 from the model's float32 parameters ({res['fp16_pooled_distinct']:,} distinct "
+        "fp16 values over the model). The embedded SmolLM2 is dequantized from 4-bit Q4_1 (16 levels per block of "
+        "32 weights, with a per-block scale and minimum), so its weights carry fewer distinct values than "
+        "genuinely trained fp16 weights; compare with the paper's LLaMA-7B row with that in mind.",
+        "Neither figure is a privacy measure: a mask is mostly a function of the public weights, and the small "
+        "data-dependent part spread over ~10^8 bits is what the membership and inversion attacks exploit.",
+    ]
+    columns = ["Layers", "Entries", "Mask density", "Mask bits/entry", "fp16 bits/entry", "fp16 distinct values",
+               "Mask / fp16", "Reduction", "Across clients bits/entry"]
+    md, csv_path = out_dir / f"privacy_entropy{suffix}.md", out_dir / f"privacy_entropy{suffix}.csv"
+    write_table(md, csv_path, "Privacy audit 1: entropy of a shared mask vs the fp16 weights", header, columns, rows)
+    per_layer = out_dir / f"privacy_entropy_layers{suffix}.csv"
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["layer", "type", "block", "entries", "mask_density", "mask_bits", "fp16_bits",
+                     "fp16_distinct", "across_clients_bits"])
+    for r in layers:
+        writer.writerow([r["name"], r["type"], r["block"], r["numel"], f"{r['mask_density']:.6f}",
+                         f"{r['mask_bits']:.6f}", f"{r['fp16_bits']:.6f}", r["fp16_distinct"],
+                         "" if r["ensemble_bits"] is None else f"{r['ensemble_bits']:.6f}"])
+    write_text_atomic(per_layer, buffer.getvalue())
+    return [md, csv_path, per_layer]
+
+
+# --------------------------------------------------------------------------- similarity
+
+
+def _pair_stats(pairs, sizes, types=None) -> list[float]:
+    types = types or list(sizes)
+    n = sum(sizes[t] for t in types)
+    return [sum(p["diff"].get(t, 0) for t in types) / n for p in pairs]
+
+
+def _dist_cells(values) -> list[str]:
+    v = np.asarray(values)
+    std = float(v.std(ddof=1)) if v.size > 1 else 0.0
+    return [str(v.size), pct(float(v.mean())), pct(std), pct(float(v.min())), pct(float(np.median(v))),
+            pct(float(v.max())), pct(1 - float(v.mean()))]
+
+
+def similarity_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[Path]:
+    sizes = res["type_sizes"]
+    rows, lines = [], []
+    if "clients" in res:
+        c = res["clients"]
+        k = statistics.mean(c["n_samples"])
+        rows.append([f"{len(c['client_ids'])} client masks (shared files), all layers"]
+                    + _dist_cells(_pair_stats(c["pairs"], sizes)))
+        for t in _types(sizes):
+            rows.append([f"  {t}"] + _dist_cells(_pair_stats(c["pairs"], sizes, [t])))
+        lines.append(f"Client masks: every pair of the {len(c['client_ids'])} clients' mask files of the default "
+                     f"setting ({c['method']}, {c['group']}, {c['sparsity']:.0%}); each client's {k:g} calibration "
+                     "samples are a disjoint random part of the seeded pool, so each mask comes from different "
+                     "private data.")
+    if "seeds" in res:
+        s = res["seeds"]
+        rows.append([f"{len(s['seeds'])} masks from seeded calibration draws ({s['n_samples']} × {s['seqlen']} "
+                     "tokens each), all layers"] + _dist_cells(_pair_stats(s["pairs"], sizes)))
+        lines.append(f"Seeded draws: whole-model masks computed from independent calibration draws with seeds "
+                     f"{s['seeds']} ({s['n_samples']} samples × {s['seqlen']} tokens each).")
+    rows.append(["Paper: LLaMA-7B, Wanda, different random calibration sets", "-", pct(PAPER["similarity_hamming"]),
+                 "-", "-", "-", "-", "> 95 %"])
+    header = provenance(spec["context"], res["model_fingerprint"]) + [_size_label(spec)] + lines + [
+        f"Hamming distance = fraction of the {res['total_entries']:,} mask bits that differ (per layer type: of "
+        "that type's bits); distribution over pairs. Masks of fewer samples differ more: compare settings with "
+        "the same number of samples per data set.",
+    ]
+    columns = ["Masks compared", "Pairs", "Mean Hamming", "Std", "Min", "Median", "Max", "Identical bits (mean)"]
+    md, csv_path = out_dir / f"privacy_similarity{suffix}.md", out_dir / f"privacy_similarity{suffix}.csv"
+    write_table(md, csv_path, "Privacy audit 2: mask similarity across private data sets (Hamming distance)",
+                header, columns, rows)
+    return [md, csv_path]
+
+
+# --------------------------------------------------------------------------- sensitivity
+
+
+def sensitivity_table(res: dict, spec: dict, out_dir: Path, suffix: str, natural: dict | None) -> list[Path]:
+    sizes = res["type_sizes"]
+    types = _types(sizes)
+    total = res["total_entries"]
+    rows = []
+    for j, nb in enumerate(res["neighbours"]):
+        rows.append([f"D'_{j + 1}", str(nb["replaced_row"]), f"{nb['changed_bits']:,}", pct(nb["changed_bits"] / total, 3)]
+                    + [pct(nb["diff"].get(t, 0) / sizes[t], 3) for t in types])
+    changed = [nb["changed_bits"] for nb in res["neighbours"]]
+    rows.append(["Mean over neighbours", "-", f"{statistics.mean(changed):,.0f}",
+                 pct(statistics.mean(changed) / total, 3)]
+                + [pct(statistics.mean(nb["diff"].get(t, 0) for nb in res["neighbours"]) / sizes[t], 3) for t in types])
+    if natural is not None and "clients" in natural and res["blocks"] is None:
+        nat = natural["clients"]
+        rows.append([f"Natural variation: two different clients' data (privacy_similarity, "
+                     f"{len(nat['pairs'])} pairs)", "-", "-", pct(statistics.mean(_pair_stats(nat["pairs"], natural["type_sizes"])), 3)]
+                    + [pct(statistics.mean(_pair_stats(nat["pairs"], natural["type_sizes"], [t])), 3) for t in types])
+    rows.append(["Paper: LLaMA-7B, Wanda", "-", "-", pct(PAPER["sensitivity_hamming"])] + ["-"] * len(types))
+    scope = "the whole model" if res["blocks"] is None else _block_scope(res["blocks"])
+    header = provenance(spec["context"], res["model_fingerprint"]) + [
+        _size_label(spec),
+        f"D = {Path(res.get('calib', 'D')).name}: {res['n_samples']} calibration samples × {res['seqlen']} tokens "
+        f"(a client's shard); D'_j = D with sample j mod {res['n_samples']} replaced by a sample from another "
+        f"client's shard: {len(res['neighbours'])} neighbouring data sets (differing in exactly one sample). "
+        f"Masks of {scope} ({res['n_layers']} linears, {total:,} bits; {res['method']}, {res['group']}, "
+        f"{res['sparsity']:.0%}), computed as the client computes them.",
+        "NOT a differential-privacy ε. The paper reads its 4.96 % as 'equivalent to a formal privacy budget of "
+        "ε ≈ 0.05'; that ε is not derived from any mechanism, and no formal DP ε follows from a Hamming distance. "
+        "Wanda is deterministic: two neighbouring data sets whose masks differ (every row above) give output "
+        "distributions with disjoint supports, so the release is not ε-DP for any finite ε. For an empirical ε "
+        "lower bound see privacy_membership; for a mechanism with a stated ε see privacy_defence.",
+        f"With {res['n_samples']} samples per data set, one sample is 1/{res['n_samples']} of the data, so a "
+        "replace-one change is comparable to the natural variation between different data sets; the number of "
+        "changed bits (Δ) is what group privacy would multiply a per-bit ε by.",
+    ]
+    columns = ["Neighbour", "Replaced sample", "Changed bits", "Hamming (all layers)"] + [f"{t}" for t in types]
+    md, csv_path = out_dir / f"privacy_sensitivity{suffix}.md", out_dir / f"privacy_sensitivity{suffix}.csv"
+    write_table(md, csv_path, "Privacy audit 3: sensitivity of the mask to one calibration sample", header, columns, rows)
+    return [md, csv_path]
+
+
+# --------------------------------------------------------------------------- membership
+
+
+def _tpr_cell(entry: dict) -> str:
+    mark = "" if entry["resolvable"] else " †"
+    return f"{pct(entry['tpr'], 1)} {_ci(*entry['tpr_ci'], fmt=lambda x: pct(x, 1))}{mark}"
+
+
+def _eps_cell(entry: dict) -> str:
+    lb = entry.get("epsilon_lb")
+    if lb is None:
+        return "-"
+    return f"{lb:.2f} (TP {entry['tp']}, FN {entry['fn']}, FP {entry['fp']}, TN {entry['tn']})"
+
+
+def _attack_row(label: str, a: dict, fprs) -> list[str]:
+    by_fpr = {e["target_fpr"]: e for e in a["tpr_at_fpr"]}
+    return [label, f"{a['auc']:.3f} {_ci(*a['auc_ci'], fmt=lambda x: f'{x:.3f}')}"] + \
+        [_tpr_cell(by_fpr[f]) for f in fprs] + [_eps_cell(a["epsilon_lr1"]), _eps_cell(a["epsilon_split"])]
+
+
+def membership_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[Path]:
+    from fedlib.privacy.membership import epsilon_lower_bound
+
+    fprs = res["fprs"]
+    a = res["attack"]
+    rows = [_attack_row("LiRA, no defence", a, fprs)]
+    for r in res["rr"]:
+        rows.append(_attack_row(f"LiRA vs randomized response, ε = {r['epsilon']:g} per bit "
+                                f"(flip prob. {r['flip_probability']:.3f})", r, fprs))
+    s = res["signal_strength"]
+    n_m, n_n = a["n_members"], a["n_nonmembers"]
+    scope = _block_scope(res["blocks"])
+    best = epsilon_lower_bound(n_m, 0, 0, n_n, res["confidence"])
+    half = epsilon_lower_bound(n_m - n_m // 2, 0, 0, n_n - n_n // 2, res["confidence"])
+    unresolved = [f"{f:g}" for f, e in zip(fprs, a["tpr_at_fpr"]) if not e["resolvable"]]
+    header = provenance(spec["context"], res["model_fingerprint"]) + [
+        _size_label(spec),
+        f"What the attack observes: the client's {res['method']} mask ({res['group']}, {res['sparsity']:.0%}) of "
+        f"{scope} only ({res['observed_layers']} linears, {res['observed_bits']:,} bits), computed from its "
+        f"{res['samples']} calibration samples of {res['seqlen']} tokens (shorter than the workflow's calibration "
+        "samples, to make shadow masks affordable on a CPU). These bits are part of the full mask, so any bound "
+        "found here is also a lower bound for releasing the full mask of the same client computation.",
+        f"Game: {res['targets']} targets from a population of {res['population']} C4 windows; per target one "
+        f"member data set (target + {res['samples'] - 1} random other{_s(res['samples'] - 1)}) and one non-member "
+        f"data set "
+        f"({res['samples']} random other{_s(res['samples'])}): {n_m} members, {n_n} non-members. The attacker knows the public "
+        f"model, the method and the population; per target it computes {res['pairs']} shadow pairs (R + target, "
+        f"R + other): {res['direction_pairs']} give the direction in which the target moves the mask, "
+        f"{res['fit_pairs']} fit the in/out Gaussians of the statistic <direction, mask> (variance pooled over "
+        "targets). Score = log-likelihood ratio (LiRA, Carlini et al. 2022).",
+        f"Intervals: AUC 95 % bootstrap (1000 resamples); TPR 95 % Clopper–Pearson over the {n_m} members. "
+        + (f"† FPR {', '.join(unresolved)} not resolvable: with {n_n} non-members the smallest non-zero FPR "
+           f"is {1 / n_n:.3g}, so the TPR shown is at FPR = 0. " if unresolved else "")
+        + "The target FPR is met in-sample (threshold chosen on the same scores).",
+        f"ε lower bound (Jagielski et al. 2020; δ = 0; Clopper–Pearson {res['confidence']:.0%}): any ε-DP release "
+        "would force TPR ≤ e^ε·FPR and 1−FPR ≤ e^ε·(1−TPR). 'LR = 1': the a-priori threshold score 0 on all "
+        f"scores; 'split': threshold chosen on half the targets, bound on the other half. With these counts the "
+        f"largest bound any attack could show is {best:.2f} (LR = 1) and {half:.2f} (split): more targets "
+        "raise the ceiling.",
+        f"The paper's 'signal strength' on the same masks: target Hamming {pct(s['target_hamming'], 3)} "
+        f"(mask of R + target vs R + other, mean over {res['targets'] * res['pairs']} pairs) vs natural "
+        f"{pct(s['natural_hamming'], 3)} (different data sets, {s['natural_pairs']} pairs): ratio "
+        f"{num(s['ratio'], 2)} (paper: 3.23 % / 4.96 % = 0.65). A ratio below 1 does not hide the target: the "
+        "attack uses the direction of the change, which the attacker can compute, not its size.",
+    ]
+    columns = ["Attack", "AUC [95 % CI]"] + [f"TPR @ {f:g} FPR [95 % CI]" for f in fprs] + \
+        ["ε lower bound, LR = 1 threshold", "ε lower bound, split threshold"]
+    md, csv_path = out_dir / f"privacy_membership{suffix}.md", out_dir / f"privacy_membership{suffix}.csv"
+    write_table(md, csv_path, "Privacy audit 4: membership inference against a client's shared mask",
+                header, columns, rows)
+    png = out_dir / f"privacy_membership_roc{suffix}.png"
+    _roc_plot(res, spec, png)
+    return [md, csv_path, png]
+
+
+def _caption(spec: dict, fingerprint: str, extra: str) -> str:
+    c = spec["context"]
+    return (f"{c.get('model')} (fingerprint {fingerprint[:12]}); config {c.get('config')}; seed {c.get('seed')}; "
+            f"commit {c.get('commit')}. {extra}")
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _roc_plot(res: dict, spec: dict, path: Path) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.8))
+    curves = [("no defence", res["attack"])] + [(f"RR ε={r['epsilon']:g}", r) for r in res["rr"]]
+    n_neg = res["attack"]["n_nonmembers"]
+    floor = 1.0 / (2 * n_neg)
+    for label, a in curves:
+        fpr, tpr = np.asarray(a["roc_fpr"]), np.asarray(a["roc_tpr"])
+        axes[0].plot(fpr, tpr, label=f"{label} (AUC {a['auc']:.3f})")
+        axes[1].step(np.maximum(fpr, floor), np.maximum(tpr, floor), where="post", label=label)
+    for ax in axes:
+        ax.plot([floor, 1], [floor, 1], "k:", lw=1, label="chance")
+        ax.set_xlabel("False positive rate (non-members called members)")
+        ax.set_ylabel("True positive rate (members detected)")
+    axes[0].set_title("ROC (linear)")
+    axes[1].set_xscale("log")
+    axes[1].set_yscale("log")
+    axes[1].set_xlim(floor, 1)
+    axes[1].set_ylim(floor, 1.05)
+    axes[1].set_title(f"ROC (log-log; FPR below 1/{n_neg} not measurable)")
+    axes[0].legend(fontsize=7, loc="lower right")
+    scope = _block_scope(res["blocks"])
+    caption = _caption(spec, res["model_fingerprint"],
+                       f"LiRA on the client's {res['method']} mask of {scope} ({res['observed_bits']:,} bits), "
+                       f"{res['samples']} samples × {res['seqlen']} tokens; {res['targets']} targets, "
+                       f"{res['pairs']} shadow pairs each; {res['attack']['n_members']} members / {n_neg} non-members.")
+    fig.text(0.01, 0.01, caption, fontsize=7, wrap=True, va="bottom")
+    fig.suptitle("Membership inference against a shared pruning mask")
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- inversion
+
+
+def inversion_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[Path]:
+    rows = []
+    for r in res["rows"] + res["tiny"]:
+        rows.append([
+            "SmolLM2 (this model)" if r["model"] == "real" else r["model"], str(r["tokens"]), str(r["text_index"] + 1),
+            pct(r["mask_agreement"], 3), pct(r["baseline_agreement"], 3), pct(r["position_match"], 1),
+            pct(r["bag_overlap"], 1), pct(r.get("unigram_bag_overlap"), 1), f"{r['seconds']:.0f}",
+            _cell(r.get("target_text") or str(r["target_tokens"])), _cell(r.get("text") or str(r["decoded_tokens"])),
+        ])
+    rows.append(["Paper: LLaMA-7B, gradient inversion", "-", "-", "-", "-", "-", "< 2 %", "-", "-",
+                 "your Apple AirPods and EarPods. Easy & hassle free installation…",
+                 "jdeuxTvekirection Readlarzug hecho pertelled h threat todos…"])
+    lengths = sorted({r["tokens"] for r in res["rows"]})
+    header = provenance(spec["context"], res["model_fingerprint"]) + [
+        _size_label(spec),
+        f"Threat model: an honest-but-curious server with the public model, the method (Wanda, {res['group']}, "
+        f"{res['sparsity']:.0%}), the tie-break seed and the number of tokens T receives one client's block-0 "
+        f"q_proj mask computed from a private text of T tokens (T = {', '.join(map(str, lengths))}; C4 calibration "
+        f"windows) and searches for tokens whose mask matches "
+        f"(fedlib.privacy.inversion: histogram relaxation, {res['steps']} Adam steps, {res['restarts']} "
+        f"restart{_s(res['restarts'])}, "
+        "then discrete refinement"
+        + ("; logits initialised at the public unigram prior" if res.get("use_prior") else "") + ").",
+        "The block-0 q/k/v input is the normalised embedding of each token, before any position enters: the mask "
+        "is a function of the bag of tokens only, so exact-position recovery is impossible by construction and "
+        "bag-of-tokens recovery (multiset overlap / T) is the ceiling.",
+        "Already measured with this attack: short texts (16–64 tokens) leak their full bag of tokens from this "
+        "one mask; texts of ~512+ tokens barely beat a unigram guess (the bag of the T most likely tokens of "
+        "public text), shown as a baseline.",
+        "Random-token agreement is the baseline mask agreement of T random tokens: masks are mostly set by the "
+        "public weights, so even unrelated text agrees on most bits. The tiny model (vocabulary 32, hidden 64) is "
+        "the case where the mask does hold the text: recovery is exact.",
+    ]
+    columns = ["Model", "T tokens", "Text", "Mask agreement (attack)", "Mask agreement (random tokens)",
+               "Exact-position recovery", "Bag-of-tokens recovery", "Unigram guess (bag)", "Seconds",
+               "Original", "Reconstructed (bag, in the attack's order)"]
+    md, csv_path = out_dir / f"privacy_inversion{suffix}.md", out_dir / f"privacy_inversion{suffix}.csv"
+    write_table(md, csv_path, "Privacy audit 5: inverting a client's mask back to its text", header, columns, rows)
+    return [md, csv_path]
+
+
+# --------------------------------------------------------------------------- defence
+
+
+def _eps_key(value) -> float:
+    return math.inf if str(value).lower() in ("inf", "infinity") else float(value)
+
+
+def defence_table(d: dict, spec: dict, out_dir: Path, suffix: str, membership: dict | None,
+                  sensitivity: dict | None) -> list[Path]:
+    records = {_eps_key(k): _load(v) for k, v in d["records"].items()}
+    evals = {_eps_key(k): _load(v) for k, v in d["evals"].items()}
+    clean = _load(d["clean_eval"])
+    dense = _load(d["dense_eval"]) if d.get("dense_eval") else None
+    datasets = d["datasets"]
+    mia = {}
+    if membership is not None:
+        mia[math.inf] = membership["attack"]
+        for r in membership["rr"]:
+            mia[float(r["epsilon"])] = r
+
+    def ppl(result, ds):
+        return result["perplexity"][ds]["ppl"] if ds in result.get("perplexity", {}) else None
+
+    def mia_cells(eps):
+        a = mia.get(eps)
+        return ["-", "-"] if a is None else [f"{a['auc']:.3f}", num(a["epsilon_lr1"]["epsilon_lb"], 2)]
+
+    first = next(iter(records.values()))
+    n_bits = first["bits_per_client"]
+    rows = []
+    if dense is not None:
+        rows.append(["Dense (no pruning)", "-", "-", "-", "-", "-"] + [fmt_ppl(ppl(dense, ds)) for ds in datasets]
+                    + ["-", "-"])
+    rows.append(["∞ (no noise: the Table 1 global mask)", "0", "0", "-", "0", "0"]
+                + [fmt_ppl(ppl(clean, ds)) for ds in datasets] + mia_cells(math.inf))
+    for eps in sorted(records, reverse=True):
+        rec, ev = records[eps], evals[eps]
+        rows.append([f"{eps:g}", f"{rec['flip_probability']:.4f}", f"{rec['flip_probability'] * n_bits:,.0f}",
+                     f"{eps * n_bits:.3g}", pct(rec["global_hamming_vs_clean"], 3), num(rec["debiased_count_mae"], 3)]
+                    + [fmt_ppl(ppl(ev, ds)) for ds in datasets] + mia_cells(eps))
+    win = clean["perplexity"][datasets[0]]
+    delta = None
+    if sensitivity is not None and sensitivity["blocks"] is None:
+        delta = statistics.mean(nb["changed_bits"] for nb in sensitivity["neighbours"])
+    mscope = ""
+    if membership is not None:
+        mscope = _block_scope(membership["blocks"])
+    header = provenance(spec["context"], clean.get("model_fingerprint")) + [
+        _size_label(spec),
+        f"Mechanism (client side): each of the {first['n_clients']} clients flips every bit of its mask "
+        "independently with probability q = 1/(1+e^ε) before sending it (randomized response): each single bit "
+        f"is ε-locally-DP. A client mask has {n_bits:,} bits, so the whole mask is (n·ε)-DP by composition "
+        "(column 'whole-mask ε')"
+        + (f"; per sample, one sample changed Δ ≈ {delta:,.0f} bits in privacy_sensitivity, and group privacy "
+           "gives only Δ·ε — with Δ measured, not bounded, even that is not a guarantee" if delta else "")
+        + ". The per-bit ε is the only ε stated here.",
+        f"Server: FedPrLLM, {first['group']} comparison, top-k on the noisy vote counts at {first['sparsity']:.0%}. "
+        "Top-k on debiased counts (c − m·q)/(p − q) is the same (increasing affine map; checked on block 0: "
+        f"{'identical' if all(r['topk_debiased_equal'] for r in records.values()) else 'DIFFERENT'}); weight "
+        "scaling would use the debiased counts, which the global mask files carry as votes. Noisy counts are "
+        f"sampled exactly from their distribution ({first['sampling']}); measured flip rate at the smallest ε: "
+        f"{records[min(records)]['flip_rate_measured']:.4f} (expected {records[min(records)]['flip_probability']:.4f}).",
+        f"Perplexity: {', '.join(DATASET_TITLES.get(ds, ds) for ds in datasets)}, {win['windows']} of "
+        f"{win['total_windows']} windows × {win['seqlen']} tokens (the Table 1 evaluation windows).",
+        (f"MIA columns: the attack of privacy_membership (masks of {mscope}, {membership['samples']} samples × "
+         f"{membership['seqlen']} tokens) on masks under the same per-bit ε; AUC and its ε lower bound (LR = 1)."
+         if membership is not None else "MIA columns: not computed."),
+    ]
+    columns = ["ε per bit", "Flip prob. q", "Flipped bits per client (expected)", "Whole-mask ε (composition)",
+               "Global mask vs noise-free (Hamming)", "Debiased count MAE (votes)"] + \
+        [f"{DATASET_TITLES.get(ds, ds)} ppl" for ds in datasets] + ["MIA AUC", "MIA ε lower bound"]
+    md, csv_path = out_dir / f"privacy_defence{suffix}.md", out_dir / f"privacy_defence{suffix}.csv"
+    write_table(md, csv_path, "Privacy audit 6: randomized response on mask bits — privacy vs utility",
+                header, columns, rows)
+    png = out_dir / f"privacy_defence{suffix}.png"
+    _defence_plot(records, evals, clean, dense, datasets, mia, spec, png, first, membership)
+    return [md, csv_path, png]
+
+
+def _defence_plot(records, evals, clean, dense, datasets, mia, spec, path, first, membership) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    finite = sorted(records)
+    eps_m = sorted(e for e in mia if math.isfinite(e))
+    every = sorted(set(finite) | set(eps_m))
+    inf_x = max(every + [1.0]) * 4  # where ε = ∞ (no noise) is drawn
+    for ds in datasets:
+        xs = finite + [inf_x]
+        ys = [evals[e]["perplexity"][ds]["ppl"] for e in finite] + [clean["perplexity"][ds]["ppl"]]
+        line, = ax.plot(xs, ys, "o-", label=f"{DATASET_TITLES.get(ds, ds)} perplexity")
+        if dense is not None and ds in dense.get("perplexity", {}):
+            ax.axhline(dense["perplexity"][ds]["ppl"], ls=":", lw=1, color=line.get_color(),
+                       label=f"{DATASET_TITLES.get(ds, ds)} dense model")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ε per mask bit (randomized response); right-most point: no noise (ε = ∞)")
+    ax.set_ylabel("Perplexity of the global model (log scale)")
+    ax.set_xticks(every + [inf_x])
+    ax.set_xticklabels([f"{e:g}" for e in every] + ["∞"])
+    from matplotlib.ticker import NullLocator, ScalarFormatter
+
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+    handles, labels = ax.get_legend_handles_labels()
+    if mia:
+        ax2 = ax.twinx()
+        ax2.plot(eps_m + [inf_x], [mia[e]["auc"] for e in eps_m] + [mia[math.inf]["auc"]], "s--",
+                 color="tab:red", label="membership attack AUC (right axis)")
+        ax2.set_ylim(0.45, 1.02)
+        ax2.set_ylabel("Membership-inference ROC AUC (0.5 = chance)")
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, fontsize=8, loc="center left")
+    win = clean["perplexity"][datasets[0]]
+    extra = (f"FedPrLLM {first['group']} top-k over {first['n_clients']} clients at {first['sparsity']:.0%}; "
+             f"perplexity on {win['windows']} windows × {win['seqlen']} tokens per dataset.")
+    if membership is not None:
+        scope = _block_scope(membership["blocks"])
+        extra += (f" AUC: LiRA on masks of {scope}, {membership['targets']} targets, "
+                  f"{membership['samples']} samples × {membership['seqlen']} tokens.")
+    fig.text(0.01, 0.01, _caption(spec, clean.get("model_fingerprint", "?"), extra), fontsize=7, wrap=True,
+             va="bottom")
+    ax.set_title("Privacy–utility: randomized response on shared mask bits")
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def write_reports(spec: dict) -> list[Path]:
+    """Every table (and plot) the spec has results for; returns the written paths."""
+    out_dir = Path(spec.get("out_dir", "reports"))
+    suffix = spec.get("suffix", "")
+    written: list[Path] = []
+    similarity = _load(spec["similarity"]) if spec.get("similarity") else None
+    membership = _load(spec["membership"]) if spec.get("membership") else None
+    sensitivity = _load(spec["sensitivity"]) if spec.get("sensitivity") else None
+    if spec.get("entropy"):
+        written += entropy_table(_load(spec["entropy"]), spec, out_dir, suffix)
+    if similarity is not None:
+        written += similarity_table(similarity, spec, out_dir, suffix)
+    if sensitivity is not None:
+        written += sensitivity_table(sensitivity, spec, out_dir, suffix, similarity)
+    if membership is not None:
+        written += membership_table(membership, spec, out_dir, suffix)
+    if spec.get("inversion"):
+        written += inversion_table(_load(spec["inversion"]), spec, out_dir, suffix)
+    if spec.get("defence"):
+        written += defence_table(spec["defence"], spec, out_dir, suffix, membership, sensitivity)
+    return written

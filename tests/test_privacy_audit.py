@@ -1,0 +1,246 @@
+"""The privacy audit stages (fedlib.privacy.audit, `fedlib privacy ...`) on tiny models:
+the wiring of the library into masks, files, attacks, the defence and the report tables."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_llama
+
+from fedlib.cli import main
+from fedlib.maskfile import MaskFile, write_mask_file
+from fedlib.models import fingerprint, load_model, prunable_layers
+from fedlib.privacy import randomized_response, rr_flip_probability
+from fedlib.privacy.audit import (
+    client_masks,
+    membership_audit,
+    rr_count_cdf,
+    sample_rr_counts,
+    sensitivity_audit,
+    similarity_audit,
+    tiny_inversion_cases,
+)
+from fedlib.recursion import prune_locally
+from fedlib.server.fedprllm import FedPrLLM
+
+torch.set_num_threads(1)
+
+
+def _ids(n, seqlen=12, vocab=128, seed=0):
+    return torch.randint(0, vocab, (n, seqlen), generator=torch.Generator().manual_seed(seed))
+
+
+def test_first_block_masks_equal_the_full_run(model):
+    ids = _ids(2)
+    full = prune_locally(model, ids, "wanda", 0.5, "row", 0).masks
+    first = client_masks(model, ids, "wanda", 0.5, "row", 0, blocks=1)
+    assert set(first) == {n for n in full if ".layers.0." in n}
+    assert all(torch.equal(first[n], full[n]) for n in first)
+    assert set(client_masks(model, ids, blocks=None)) == set(full)
+
+
+def test_sensitivity_zero_for_identical_and_positive_for_different_data(model):
+    ids = _ids(2)
+    same = sensitivity_audit(model, ids, ids.clone(), neighbours=2)
+    assert [nb["changed_bits"] for nb in same["neighbours"]] == [0, 0]
+    other = sensitivity_audit(model, ids, _ids(2, seed=1), neighbours=2, blocks=1)
+    assert all(nb["changed_bits"] > 0 for nb in other["neighbours"])
+    assert other["total_entries"] == sum(other["type_sizes"].values())
+    assert other["n_layers"] == 7  # block 0 only
+
+
+def _write_client(path, model, ids, client_id):
+    masks = prune_locally(model, ids, "wanda", 0.5, "row", 0).masks
+    write_mask_file(path, masks, prunable_layers(model), fingerprint=fingerprint(model), role="client",
+                    client_id=client_id, method="wanda", group="row", sparsity=0.5, n_samples=ids.shape[0])
+    return masks
+
+
+def test_similarity_pairs_count_exact_hamming(tmp_path, model):
+    a, b = _ids(2, seed=0), _ids(2, seed=5)
+    paths = [tmp_path / f"c{i}.mask.safetensors" for i in range(3)]
+    ma = _write_client(paths[0], model, a, "0")
+    _write_client(paths[1], model, a, "1")  # same data as client 0
+    mb = _write_client(paths[2], model, b, "2")
+    res = similarity_audit(model, paths)
+    diff = {(p["i"], p["j"]): sum(p["diff"].values()) for p in res["clients"]["pairs"]}
+    assert diff[(0, 1)] == 0
+    expected = sum(int((ma[n] ^ mb[n]).sum()) for n in ma)
+    assert diff[(0, 2)] == expected == diff[(1, 2)] > 0
+    assert res["total_entries"] == sum(m.numel() for m in ma.values())
+
+
+def _membership(model, method):
+    pop = _ids(24, seqlen=8, seed=3)
+    return membership_audit(model, pop, targets=12, samples=2, pairs=4, blocks=1, method=method,
+                            epsilons=[0.01], seed=0)
+
+
+def test_membership_detects_a_leaking_mechanism_not_a_data_free_one(model):
+    leak = _membership(model, "wanda")  # block-0 Wanda masks of 2 samples: the target is half the data
+    assert leak["attack"]["auc"] > 0.9
+    assert leak["attack"]["epsilon_lr1"]["epsilon_lb"] > 0  # leakage shown at 95 % confidence
+    assert leak["observed_bits"] == sum(m.numel() for m in client_masks(model, _ids(1), blocks=1).values())
+    assert leak["attack"]["n_members"] == leak["attack"]["n_nonmembers"] == 12
+    low = leak["attack"]["tpr_at_fpr"][1]  # 0.1 % FPR with 12 non-members: not resolvable, said so
+    assert not low["resolvable"] and low["fpr"] == 0.0 and "resolution" in low["note"]
+    assert 0 <= leak["signal_strength"]["ratio"] < 5
+    rr = leak["rr"][0]  # ε = 0.01 per bit: almost every bit a coin flip
+    assert rr["epsilon"] == 0.01 and rr["auc"] < leak["attack"]["auc"]
+
+    free = _membership(model, "magnitude")  # data-independent masks: nothing to infer
+    assert free["attack"]["auc"] == pytest.approx(0.5)
+    assert free["attack"]["epsilon_lr1"]["epsilon_lb"] == 0.0
+    assert free["signal_strength"]["target_hamming"] == 0.0
+
+
+def test_rr_count_sampler_matches_per_client_randomized_response():
+    m, eps = 6, 0.7
+    cdf = rr_count_cdf(m, eps)
+    assert torch.allclose(cdf[:, -1], torch.ones(m + 1, dtype=cdf.dtype))
+    true = torch.tensor([0, 2, 6]).repeat_interleave(20000)
+    counts = sample_rr_counts(true, m, eps, torch.Generator().manual_seed(0), cdf)
+    # the same clients' bits flipped one by one
+    bits = torch.stack([true > i for i in range(m)])  # client i prunes the weight iff i < C
+    flipped = sum(randomized_response(bits[i], eps, seed=i, name="x").long() for i in range(m))
+    p = 1 - rr_flip_probability(eps)
+    for c in (0, 2, 6):
+        sel = true == c
+        mean = c * p + (m - c) * (1 - p)
+        var = m * p * (1 - p)
+        for sample in (counts[sel].double(), flipped[sel].double()):
+            assert abs(float(sample.mean()) - mean) < 0.05
+            assert abs(float(sample.var()) - var) < 0.1
+
+
+@pytest.fixture(scope="module")
+def tiny_loaded(tiny_model_dir):
+    """The tiny model with the real tokenizer, loaded once for every CLI call of this module."""
+    return load_model(str(tiny_model_dir))
+
+
+@pytest.fixture
+def cli_model(monkeypatch, tiny_loaded):
+    """`fedlib privacy ...` verbs get the already loaded tiny model (the CLI wiring is
+    unchanged; only the ~1 s model load per call is saved)."""
+    import fedlib.privacy.audit as audit
+
+    monkeypatch.setattr(audit, "_load_model", lambda args: tiny_loaded)
+    return tiny_loaded[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_clients(tmp_path_factory, tiny_loaded):
+    """Three client mask files of the tiny model with the real tokenizer."""
+    folder = tmp_path_factory.mktemp("privacy-clients")
+    model = tiny_loaded[0]
+    paths = []
+    for i in range(3):
+        path = folder / f"client_{i}.mask.safetensors"
+        _write_client(path, model, _ids(2, seqlen=16, vocab=1000, seed=10 + i), str(i))
+        paths.append(path)
+    return folder, [str(p) for p in paths]
+
+
+def _run(*argv):
+    assert main([str(a) for a in argv]) == 0
+
+
+def test_defence_flip_rate_and_server_invariance(tiny_model_dir, tiny_clients, cli_model):
+    folder, paths = tiny_clients
+    model = str(tiny_model_dir)
+    for per_client in (True, False):
+        out, rec = folder / f"rr_{per_client}.mask.safetensors", folder / f"rr_{per_client}.json"
+        _run("privacy", "rr-aggregate", "--model", model, "--epsilon", "1", "--group", "layer", "--out", out,
+             "--record", rec, *(["--per-client"] if per_client else []), *paths)
+        r = json.loads(rec.read_text())
+        q = rr_flip_probability(1.0)
+        assert r["flip_probability"] == pytest.approx(q)
+        assert abs(r["flip_rate_measured"] - q) < 0.02
+        if per_client:
+            assert abs(r["flip_rate_per_client"] - q) < 0.01
+        assert r["topk_debiased_equal"] and r["global_hamming_vs_clean"] > 0
+        mf = MaskFile(out, fingerprint(cli_model))
+        assert mf.header.role == "global" and mf.header.n_clients == 3  # a valid global mask file
+    # ε = ∞: exactly the FedPrLLM server's global mask
+    _run("privacy", "rr-aggregate", "--model", model, "--epsilon", "inf", "--group", "layer",
+         "--out", folder / "inf.mask.safetensors", "--record", folder / "inf.json", *paths)
+    FedPrLLM(group="layer", sparsity=0.5, seed=0).aggregate(
+        paths, fingerprint(cli_model), prunable_layers(cli_model), folder / "plain.mask.safetensors")
+    a, b = MaskFile(folder / "inf.mask.safetensors").masks(), MaskFile(folder / "plain.mask.safetensors").masks()
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert json.loads((folder / "inf.json").read_text())["global_hamming_vs_clean"] == 0.0
+
+
+def test_cli_stages_and_report_tables(tmp_path, tiny_model_dir, tiny_clients, data_dir, cli_model):
+    from fedlib.data import save_tokens
+
+    folder, paths = tiny_clients
+    model = str(tiny_model_dir)
+    res = tmp_path / "res"
+    _run("privacy", "entropy", "--model", model, "--out", res / "entropy.json", *paths)
+    _run("privacy", "similarity", "--model", model, "--seeds", "1", "2", "--seed-samples", "1", "--seqlen", "16",
+         "--data-dir", data_dir, "--docs", 0, 30, "--out", res / "similarity.json", *paths)
+    save_tokens(tmp_path / "d.safetensors", _ids(2, 16, 1000, seed=10))
+    save_tokens(tmp_path / "r.safetensors", _ids(2, 16, 1000, seed=11))
+    _run("privacy", "sensitivity", "--model", model, "--calib", tmp_path / "d.safetensors", "--replacements",
+         tmp_path / "r.safetensors", "--neighbours", 2, "--out", res / "sensitivity.json")
+    save_tokens(tmp_path / "pop.safetensors", _ids(10, 8, 1000, seed=12))
+    _run("privacy", "membership", "--model", model, "--population", tmp_path / "pop.safetensors", "--targets", 4,
+         "--pairs", 2, "--blocks", 1, "--epsilons", 2, "--out", res / "membership.json")
+    save_tokens(tmp_path / "t3.safetensors", _ids(1, 3, 1000, seed=13))
+    _run("privacy", "inversion", "--model", model, "--texts", tmp_path / "t3.safetensors", "--steps", 30,
+         "--prior-tokens", tmp_path / "pop.safetensors", "--tiny-lengths", 1, "--tiny-steps", 150,
+         "--out", res / "inversion.json")
+    _run("privacy", "rr-aggregate", "--model", model, "--epsilon", 2, "--out", res / "rr2.mask.safetensors",
+         "--record", res / "rr2.json", *paths)
+
+    entropy = json.loads((res / "entropy.json").read_text())
+    assert {r["mask_bits"] for r in entropy["layers"]} == {1.0}  # 50 % row masks
+    assert all(0 < r["fp16_bits"] <= 16 for r in entropy["layers"])
+    assert all(0 <= r["ensemble_bits"] <= 1 for r in entropy["layers"])
+    assert len(json.loads((res / "similarity.json").read_text())["seeds"]["pairs"]) == 1
+    inversion = json.loads((res / "inversion.json").read_text())
+    assert inversion["tiny"][0]["bag_overlap"] == 1.0 and inversion["rows"][0]["tokens"] == 3
+    assert 0 <= inversion["rows"][0]["unigram_bag_overlap"] <= 1
+
+    fp = entropy["model_fingerprint"]
+
+    def fake_eval(name, ppl):
+        (res / name).write_text(json.dumps({"model_fingerprint": fp, "perplexity": {
+            "wikitext2": {"ppl": ppl, "windows": 2, "total_windows": 9, "seqlen": 16}}}))
+        return str(res / name)
+
+    spec = {
+        "context": {"model": model, "config": "tiny.yaml", "seed": 0, "commit": "abc", "lines": ["tiny setting"]},
+        "out_dir": str(tmp_path / "reports"), "suffix": "", "size": "run",
+        **{a: str(res / f"{a}.json") for a in ("entropy", "similarity", "sensitivity", "membership", "inversion")},
+        "defence": {"records": {"2": str(res / "rr2.json")}, "evals": {"2": fake_eval("e2.json", 50.0)},
+                    "clean_eval": fake_eval("clean.json", 30.0), "dense_eval": fake_eval("dense.json", 20.0),
+                    "datasets": ["wikitext2"], "group": "layer"},
+    }
+    _run("privacy", "report", "--spec", json.dumps(spec))
+    reports = tmp_path / "reports"
+    for name in ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence"):
+        md = (reports / f"privacy_{name}.md").read_text()
+        assert md.startswith("# Privacy audit") and f"Model: {model}" in md and "commit abc" in md
+        assert (reports / f"privacy_{name}.csv").read_text().count("\n") >= 2
+    assert "not derived from any mechanism" in (reports / "privacy_sensitivity.md").read_text()
+    assert "What the attack observes" in (reports / "privacy_membership.md").read_text()
+    defence = (reports / "privacy_defence.csv").read_text().splitlines()
+    assert defence[1].startswith("Dense") and defence[2].startswith("∞") and defence[3].startswith("2,")
+    for png in ("privacy_membership_roc.png", "privacy_defence.png"):
+        assert (reports / png).read_bytes()[:4] == b"\x89PNG"
+    assert (reports / "privacy_entropy_layers.csv").read_text().count("\n") == 1 + len(entropy["layers"])
+
+
+def test_tiny_inversion_is_exact():
+    rows = tiny_inversion_cases([2], seed=0, steps=200)
+    assert rows[0]["bag_overlap"] == 1.0 and rows[0]["mask_agreement"] == 1.0
+    assert math.isclose(rows[0]["true_tokens_agreement"], 1.0)
+    assert sorted(rows[0]["decoded_tokens"]) == sorted(rows[0]["target_tokens"])
+    assert np.isfinite(rows[0]["seconds"])

@@ -1,0 +1,122 @@
+"""Zero-shot through the CLI, the spec-driven tables (perplexity and zero-shot), and the plots."""
+
+import csv
+import json
+import struct
+
+import pytest
+
+from fedlib.cli import main
+from fedlib.plots import figure_size
+from fedlib.report import write_spec_table
+
+CONTEXT = {"model": "tiny", "config": "config.yaml", "config_hash": "0123456789ab", "seed": 0,
+           "commit": "abc1234", "lines": ["3 clients, 3 calibration samples (IID split)"]}
+
+
+def png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_zeroshot_verb_on_a_masked_tiny_model(tiny_model_dir, data_dir, tmp_path, capsys):
+    model = str(tiny_model_dir)
+    client = tmp_path / "client.mask.safetensors"
+    assert main(["client-mask", "--model", model, "--method", "magnitude", "--out", str(client)]) == 0
+    glob = tmp_path / "global.mask.safetensors"
+    assert main(["aggregate", "--model", model, "--group", "layer", "--out", str(glob), str(client)]) == 0
+    out = tmp_path / "zs.json"
+    assert main(["zeroshot", "--model", model, "--mask", str(glob), "--scale", "--tasks", "arc_easy", "rte",
+                 "--data-dir", str(data_dir), "--limit", "3", "--batch-size", "4", "--threads", "1",
+                 "--label", "fedprllm_oneshot_layer_scale", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["tasks"] == ["arc_easy", "rte"] and record["limit"] == 3 and record["metric"] == "acc"
+    assert record["scale"] and record["applied"]["scaled"] and record["measured_sparsity"] >= 0.5
+    assert record["zeroshot"]["rte"]["n"] == 3 and record["zeroshot"]["rte"]["total"] == 277
+    assert record["zeroshot"]["arc_easy"]["acc_norm"] is not None and record["zeroshot"]["rte"]["acc_norm"] is None
+    assert 0 <= record["mean_acc"] <= 1
+    assert "mean acc" in capsys.readouterr().out
+    # a bad call names the problem and writes nothing
+    bad = tmp_path / "bad.json"
+    assert main(["zeroshot", "--model", model, "--scale", "--tasks", "rte", "--data-dir", str(data_dir),
+                 "--out", str(bad)]) == 2
+    assert "--scale needs --mask" in capsys.readouterr().err and not bad.exists()
+
+
+def _zeroshot_result(path, accs, limit=20, tasks=("hellaswag", "rte")):
+    path.write_text(json.dumps({
+        "label": path.stem, "model_fingerprint": "f" * 64, "tasks": list(tasks), "limit": limit, "metric": "acc",
+        "data_dir": "/data", "zeroshot": {t: {"acc": a, "acc_norm": None, "n": limit, "total": 100}
+                                          for t, a in zip(tasks, accs)},
+    }))
+    return str(path)
+
+
+def _ppl_result(path, ppl):
+    path.write_text(json.dumps({
+        "label": path.stem, "model_fingerprint": "e" * 64,
+        "perplexity": {d: {"ppl": ppl * f, "windows": 4, "total_windows": 40, "seqlen": 32, "note": ""}
+                       for d, f in (("wikitext2", 1.0), ("c4", 1.5))},
+    }))
+    return str(path)
+
+
+def test_zeroshot_table_from_a_spec(tmp_path):
+    spec = {
+        "title": "Table 12 analogue", "measure": "zeroshot", "context": CONTEXT,
+        "columns": ["Method", "Comparison group"],
+        "rows": [
+            {"cells": ["Dense", "-"], "results": [_zeroshot_result(tmp_path / "dense.json", [0.5, 0.6])]},
+            {"cells": ["Local-only", "-"], "results": [_zeroshot_result(tmp_path / f"l{i}.json", [0.4 + i / 10, 0.5])
+                                                      for i in range(2)]},
+        ],
+    }
+    md, table, page = tmp_path / "t.md", tmp_path / "t.csv", tmp_path / "t.html"
+    write_spec_table(spec, md, table, page)
+    rows = list(csv.reader(table.open()))
+    assert rows[0] == ["Method", "Comparison group", "HellaSwag", "RTE", "Mean"]
+    assert rows[1] == ["Dense", "-", "50.00", "60.00", "55.00"]
+    assert rows[2] == ["Local-only", "-", "45.00 ± 7.07", "50.00 ± 0.00", "47.50 ± 3.54"]
+    header = md.read_text()
+    for fact in ("limit 20 per task", "HellaSwag 20 of 100", "sha256 0123456789ab", "fedlib 0.1.0",
+                 "commit abc1234", "fingerprint ffffffffffffffff", "3 clients", "standard error"):
+        assert fact in header, fact
+    assert "<td class=\"num\">47.50 ± 3.54</td>" in page.read_text()
+    # results scored with another limit do not go into one table silently
+    spec["rows"][1]["results"][1] = _zeroshot_result(tmp_path / "other.json", [0.4, 0.5], limit=50)
+    with pytest.raises(ValueError, match="other.json"):
+        write_spec_table(spec, md, table)
+
+
+def test_perplexity_table_keeps_its_format(tmp_path):
+    spec = {"title": "Table 1 analogue", "context": CONTEXT, "columns": ["Method"],
+            "rows": [{"cells": ["Dense"], "results": [_ppl_result(tmp_path / "dense.json", 12.345)]}]}
+    write_spec_table(spec, tmp_path / "t.md", tmp_path / "t.csv")
+    assert list(csv.reader((tmp_path / "t.csv").open())) == [["Method", "WikiText-2", "C4"], ["Dense", "12.35", "18.52"]]
+    assert "WikiText-2 4 of 40 windows × 32 tokens" in (tmp_path / "t.md").read_text()
+
+
+def test_plot_verb_writes_pngs_of_the_expected_size(tmp_path):
+    rows = []
+    for x in (2, 4, 8):
+        rows.append({"cells": [str(x), "FedPrLLM"], "x": x, "series": "FedPrLLM",
+                     "results": [_ppl_result(tmp_path / f"f{x}.json", 20 + x)]})
+        rows.append({"cells": [str(x), "Local-only"], "x": x, "series": "Local-only (mean ± std)",
+                     "results": [_ppl_result(tmp_path / f"l{x}_{i}.json", 25 + x + i) for i in range(3)]})
+    spec = {"title": "Figure 2 analogue", "context": CONTEXT, "columns": ["Clients", "Method"], "rows": rows,
+            "reference": [{"series": "Dense", "results": [_ppl_result(tmp_path / "dense.json", 11)]}],
+            "plot": {"xlabel": "Clients", "xscale": "log2"}}
+    out = tmp_path / "figure2.png"
+    assert main(["plot", "--spec", json.dumps(spec), "--out", str(out)]) == 0
+    assert png_size(out) == figure_size(2)  # one panel per perplexity dataset
+    # a zero-shot sweep read from a spec file: one panel (mean accuracy), percent x axis
+    zs_rows = [{"cells": [f"{s:.0%}", "FedPrLLM"], "x": s, "series": "FedPrLLM",
+                "results": [_zeroshot_result(tmp_path / f"z{s}.json", [0.6 - s / 2, 0.5])]} for s in (0.5, 0.6)]
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"title": "accuracy vs sparsity", "measure": "zeroshot", "context": CONTEXT,
+                                     "columns": ["Sparsity", "Method"], "rows": zs_rows,
+                                     "plot": {"xlabel": "Sparsity", "xformat": "percent"}}))
+    out = tmp_path / "sparsity.png"
+    assert main(["plot", "--spec", str(spec_file), "--out", str(out)]) == 0
+    assert png_size(out) == figure_size(1)

@@ -1,0 +1,411 @@
+# Privacy audit of the shared masks (FedPrLLM Sec. 4.5 / App. C, made into real measurements):
+# entropy, similarity, sensitivity, membership inference, inversion, and the randomized-response
+# defence with its perplexity cost. Two size sets: "run" (config `privacy:`, reduced, part of
+# `make run` via rule all) and "full" (`privacy.full:` overrides per analysis; target privacy_full).
+# Results: results/privacy/<setting>/...; tables: reports/privacy_<analysis>[_full].{md,csv}.
+
+PRIVACY_DEFAULTS = {
+    "similarity": {"seeds": [], "seed_samples": 32},
+    "sensitivity": {"neighbours": 2, "blocks": None},
+    "membership": {"targets": 32, "pairs": 4, "blocks": 1, "seqlen": 64, "samples": None,
+                   "population": 256, "epsilons": [0.01, 0.1, 1]},
+    "inversion": {"tokens": [16], "texts": 1, "steps": 300, "prior": False, "prior_samples": 32,
+                  "tiny": [1, 2, 3]},
+    "defence": {"epsilons": [1, 4], "group": "layer", "datasets": ["wikitext2"]},
+}
+PRIVACY_ANALYSES = ["entropy", "similarity", "sensitivity", "membership", "inversion", "defence"]
+
+
+def _privacy_sizes():
+    given = dict(config.get("privacy") or {})
+    full_overrides = given.pop("full", None) or {}
+    run = {k: {**v, **(given.get(k) or {})} for k, v in PRIVACY_DEFAULTS.items()}
+    full = {k: {**v, **(full_overrides.get(k) or {})} for k, v in run.items()}
+    return {"run": run, "full": full}
+
+
+PRIVACY = _privacy_sizes()
+for _size, _sizes in PRIVACY.items():
+    _missing = set(_sizes["defence"]["datasets"]) - set(EVAL["datasets"])
+    if _missing:
+        raise ValueError(f"privacy ({_size}): defence datasets {sorted(_missing)} are not evaluation.datasets; "
+                         "the no-noise row reuses Table 1's evaluation")
+PRIV_CALIB, PRIV_SPLIT, PRIV_PRUNE = setting()
+PRIV_BASE = f"{RESULTS}/privacy/{PRIV_CALIB}/{PRIV_SPLIT}/{PRIV_PRUNE}"
+
+
+def _eps_name(eps):
+    """A per-bit ε as it appears in file names (1 -> 1, 0.5 -> 0.5)."""
+    return f"{float(eps):g}"
+
+
+def priv(size, analysis):
+    return PRIVACY[size][analysis]
+
+
+def priv_setting():
+    method, sparsity, group = parse_prune(PRIV_PRUNE)
+    _, nsamples, seqlen = parse_calib(PRIV_CALIB)
+    _, n = parse_split(PRIV_SPLIT)
+    return method, sparsity, group_arg(group), nsamples, seqlen, n
+
+
+def priv_client_masks():
+    _, n = parse_split(PRIV_SPLIT)
+    return [f"{RESULTS}/masks/{PRIV_CALIB}/{PRIV_SPLIT}/{PRIV_PRUNE}/client_{i}.mask.safetensors" for i in range(n)]
+
+
+def priv_shard(i):
+    return f"{RESULTS}/shards/{PRIV_CALIB}/{PRIV_SPLIT}/client_{i}.safetensors"
+
+
+def priv_pruning_args():
+    method, sparsity, group, *_ = priv_setting()
+    return f"--method {method} --sparsity {sparsity} --group {group} --seed {config['seed']}"
+
+
+def priv_membership_samples(size):
+    m = priv(size, "membership")
+    if m.get("samples"):
+        return int(m["samples"])
+    *_, nsamples, _, n = priv_setting()
+    return max(1, nsamples // n)
+
+
+def priv_membership_epsilons(size):
+    eps = set(float(e) for e in priv(size, "membership").get("epsilons") or [])
+    eps |= set(float(e) for e in priv(size, "defence").get("epsilons") or [])
+    return sorted(eps)
+
+
+def priv_population(size):
+    m = priv(size, "membership")
+    dataset = parse_calib(PRIV_CALIB)[0]
+    return f"{RESULTS}/pools/{dataset}-{m['population']}x{m['seqlen']}.safetensors"
+
+
+def priv_inversion_texts(size):
+    inv = priv(size, "inversion")
+    dataset = parse_calib(PRIV_CALIB)[0]
+    return [f"{RESULTS}/pools/{dataset}-{inv['texts']}x{t}.safetensors" for t in inv["tokens"]]
+
+
+def priv_prior_pool(size):
+    """Public text for the attacker's unigram prior: WikiText-2 windows (not the clients' C4)."""
+    inv = priv(size, "inversion")
+    return f"{RESULTS}/pools/wikitext2-{inv['prior_samples']}x{parse_calib(PRIV_CALIB)[2]}.safetensors"
+
+
+def priv_replacement_shards(size):
+    """Other clients' shards: the samples that replace one of client 0's."""
+    _, n = parse_split(PRIV_SPLIT)
+    *_, nsamples, _, _ = priv_setting()
+    per_client = max(1, nsamples // n)
+    needed = -(-priv(size, "sensitivity")["neighbours"] // per_client)
+    if n < 2:
+        raise ValueError("privacy sensitivity needs at least 2 clients (replacement samples come from client 1..)")
+    return [priv_shard(i) for i in range(1, min(n, 1 + needed))]
+
+
+def priv_json(size, analysis):
+    if analysis == "entropy":
+        return f"{PRIV_BASE}/entropy.json"
+    return f"{PRIV_BASE}/{size}/{analysis}.json"
+
+
+def priv_defence_spec(size):
+    d = priv(size, "defence")
+    group = d["group"]
+    records = {_eps_name(e): f"{PRIV_BASE}/defence/rr{_eps_name(e)}_{group}.record.json" for e in d["epsilons"]}
+    evals = {_eps_name(e): f"{PRIV_BASE}/{size}/defence/rr{_eps_name(e)}_{group}.eval.json" for e in d["epsilons"]}
+    return {
+        "records": records, "evals": evals, "datasets": d["datasets"], "group": group,
+        "clean_eval": eval_json(PRIV_CALIB, PRIV_SPLIT, PRIV_PRUNE, f"fedprllm_oneshot_{group}_noscale"),
+        "dense_eval": eval_json(PRIV_CALIB, PRIV_SPLIT, PRIV_PRUNE, "dense"),
+    }
+
+
+def priv_outputs(size):
+    suffix = "" if size == "run" else "_full"
+    out = []
+    for analysis in PRIVACY_ANALYSES:
+        out += [f"{REPORTS}/privacy_{analysis}{suffix}.md", f"{REPORTS}/privacy_{analysis}{suffix}.csv"]
+    out += [f"{REPORTS}/privacy_entropy_layers{suffix}.csv", f"{REPORTS}/privacy_membership_roc{suffix}.png",
+            f"{REPORTS}/privacy_defence{suffix}.png"]
+    return out
+
+
+def priv_report_spec(size):
+    d = priv_defence_spec(size)
+    return {
+        "context": report_context(PRIV_CALIB, PRIV_SPLIT, PRIV_PRUNE),
+        "out_dir": REPORTS, "suffix": "" if size == "run" else "_full", "size": size,
+        **{a: priv_json(size, a) for a in PRIVACY_ANALYSES if a != "defence"},
+        "defence": d,
+    }
+
+
+def priv_report_inputs(size):
+    spec = priv_report_spec(size)
+    d = spec["defence"]
+    files = [spec[a] for a in PRIVACY_ANALYSES if a != "defence"]
+    files += list(d["records"].values()) + list(d["evals"].values()) + [d["clean_eval"], d["dense_eval"]]
+    return files
+
+
+#: the reduced audit's tables and plots (rule all)
+PRIVACY_RUN_REPORTS = priv_outputs("run")
+
+
+rule privacy_entropy:
+    """Bits per entry of client 0's mask vs the fp16 weights; entropy across all clients' masks."""
+    input:
+        model=MODEL_READY,
+        masks=priv_client_masks(),
+    output:
+        f"{PRIV_BASE}/entropy.json",
+    params:
+        model=model_dir(),
+    threads: 1
+    resources:
+        mem_mb=3000,
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/privacy/entropy.log",
+    benchmark:
+        f"{BENCH}/privacy/entropy.tsv"
+    shell:
+        "{FEDLIB} privacy entropy --model {params.model} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
+
+
+rule privacy_similarity:
+    """Hamming distances between every pair of client masks (+ seeded whole-model draws)."""
+    input:
+        model=MODEL_READY,
+        masks=priv_client_masks(),
+    output:
+        f"{PRIV_BASE}/{{size}}/similarity.json",
+    wildcard_constraints:
+        size="run|full",
+    params:
+        model=model_dir(),
+        pruning=priv_pruning_args(),
+        seeds=lambda wc: (
+            "--seeds {} --seed-samples {} --seqlen {} --dataset {} --data-dir {} {}".format(
+                " ".join(str(s) for s in priv(wc.size, "similarity")["seeds"]),
+                priv(wc.size, "similarity")["seed_samples"], parse_calib(PRIV_CALIB)[2], parse_calib(PRIV_CALIB)[0],
+                data_dir_arg(), span_arg("--docs", config["calibration"].get("c4_docs")))
+            if priv(wc.size, "similarity")["seeds"] else ""
+        ),
+        batch_size=config["pruning"].get("batch_size", 8),
+    threads: config.get("threads", 2)
+    resources:
+        mem_mb=4000,
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/privacy/{{size}}/similarity.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/similarity.tsv"
+    shell:
+        "{FEDLIB} privacy similarity --model {params.model} {params.pruning} {params.seeds} "
+        "--batch-size {params.batch_size} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
+
+
+rule privacy_sensitivity:
+    """Masks of client 0's data and of data sets differing from it in exactly one sample."""
+    input:
+        model=MODEL_READY,
+        calib=priv_shard(0),
+        base=priv_client_masks()[0],
+        replacements=lambda wc: priv_replacement_shards(wc.size),
+    output:
+        f"{PRIV_BASE}/{{size}}/sensitivity.json",
+    wildcard_constraints:
+        size="run|full",
+    params:
+        model=model_dir(),
+        pruning=priv_pruning_args(),
+        neighbours=lambda wc: priv(wc.size, "sensitivity")["neighbours"],
+        blocks=lambda wc: priv(wc.size, "sensitivity")["blocks"] or "all",
+        batch_size=config["pruning"].get("batch_size", 8),
+    threads: 1
+    resources:
+        mem_mb=4000,
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/privacy/{{size}}/sensitivity.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/sensitivity.tsv"
+    shell:
+        "{FEDLIB} privacy sensitivity --model {params.model} {params.pruning} --calib {input.calib} "
+        "--base-mask {input.base} --replacements {input.replacements} --neighbours {params.neighbours} --blocks {params.blocks} "
+        "--batch-size {params.batch_size} --threads {threads} --out {output} > {log} 2>&1"
+
+
+rule privacy_membership:
+    """LiRA membership inference on in-process shadow masks of the first decoder blocks."""
+    input:
+        model=MODEL_READY,
+        population=lambda wc: priv_population(wc.size),
+    output:
+        f"{PRIV_BASE}/{{size}}/membership.json",
+    wildcard_constraints:
+        size="run|full",
+    params:
+        model=model_dir(),
+        pruning=priv_pruning_args(),
+        targets=lambda wc: priv(wc.size, "membership")["targets"],
+        pairs=lambda wc: priv(wc.size, "membership")["pairs"],
+        blocks=lambda wc: priv(wc.size, "membership")["blocks"] or "all",
+        samples=lambda wc: priv_membership_samples(wc.size),
+        epsilons=lambda wc: " ".join(_eps_name(e) for e in priv_membership_epsilons(wc.size)),
+        batch_size=config["pruning"].get("batch_size", 8),
+    threads: 1
+    resources:
+        mem_mb=3000,
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/privacy/{{size}}/membership.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/membership.tsv"
+    shell:
+        "{FEDLIB} privacy membership --model {params.model} {params.pruning} --population {input.population} "
+        "--targets {params.targets} --samples {params.samples} --pairs {params.pairs} --blocks {params.blocks} "
+        "--epsilons {params.epsilons} --batch-size {params.batch_size} --threads {threads} "
+        "--out {output} > {log} 2>&1"
+
+
+rule privacy_inversion:
+    """The server inverts block-0 q_proj masks of private texts; plus the tiny-model case."""
+    input:
+        model=MODEL_READY,
+        texts=lambda wc: priv_inversion_texts(wc.size),
+        prior=lambda wc: priv_prior_pool(wc.size),
+    output:
+        f"{PRIV_BASE}/{{size}}/inversion.json",
+    wildcard_constraints:
+        size="run|full",
+    params:
+        model=model_dir(),
+        sparsity=lambda wc: priv_setting()[1],
+        group=lambda wc: priv_setting()[2],
+        seed=config["seed"],
+        per_length=lambda wc: priv(wc.size, "inversion")["texts"],
+        steps=lambda wc: priv(wc.size, "inversion")["steps"],
+        prior=lambda wc: "--use-prior" if priv(wc.size, "inversion")["prior"] else "",
+        tiny=lambda wc: " ".join(str(t) for t in priv(wc.size, "inversion")["tiny"]),
+    threads: 1
+    resources:
+        mem_mb=3000,
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/privacy/{{size}}/inversion.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/inversion.tsv"
+    shell:
+        "{FEDLIB} privacy inversion --model {params.model} --texts {input.texts} --per-length {params.per_length} "
+        "--sparsity {params.sparsity} --group {params.group} --seed {params.seed} --steps {params.steps} "
+        "--prior-tokens {input.prior} {params.prior} --tiny-lengths {params.tiny} --threads {threads} "
+        "--out {output} > {log} 2>&1"
+
+
+rule privacy_rr_aggregate:
+    """Defence: randomized response (per-bit ε) on every client's mask, FedPrLLM top-k on the noisy votes."""
+    input:
+        model=MODEL_READY,
+        masks=priv_client_masks(),
+        clean=f"{RESULTS}/global/{PRIV_CALIB}/{PRIV_SPLIT}/{PRIV_PRUNE}/oneshot_{{group}}.mask.safetensors",
+    output:
+        mask=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.mask.safetensors",
+        record=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.record.json",
+    wildcard_constraints:
+        eps=r"[0-9.]+",
+    params:
+        model=model_dir(),
+        sparsity=lambda wc: priv_setting()[1],
+        group=lambda wc: group_arg(wc.group),
+        seed=config["seed"],
+    threads: 1
+    resources:
+        mem_mb=4000,
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/privacy/defence/rr{{eps}}_{{group}}.log",
+    benchmark:
+        f"{BENCH}/privacy/defence/rr{{eps}}_{{group}}.tsv"
+    shell:
+        "{FEDLIB} privacy rr-aggregate --model {params.model} --epsilon {wildcards.eps} --group {params.group} "
+        "--sparsity {params.sparsity} --seed {params.seed} --clean-global {input.clean} --threads {threads} "
+        "--out {output.mask} --record {output.record} {input.masks} > {log} 2>&1"
+
+
+def _defence_windows(wc):
+    return [f"{RESULTS}/eval_windows/{d}.safetensors" for d in priv(wc.size, "defence")["datasets"]]
+
+
+rule privacy_defence_eval:
+    """Perplexity of the global model under randomized response, on Table 1's evaluation windows."""
+    input:
+        model=MODEL_READY,
+        mask=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.mask.safetensors",
+        windows=_defence_windows,
+    output:
+        f"{PRIV_BASE}/{{size}}/defence/rr{{eps}}_{{group}}.eval.json",
+    wildcard_constraints:
+        eps=r"[0-9.]+",
+        size="run|full",
+    params:
+        model=model_dir(),
+        batch_size=EVAL.get("batch_size", 1),
+    threads: config.get("threads", 2)
+    resources:
+        mem_mb=4000,
+    conda:
+        "../../envs/fedlib.yaml"
+    log:
+        f"{LOGS}/privacy/{{size}}/defence/rr{{eps}}_{{group}}.eval.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/defence/rr{{eps}}_{{group}}.eval.tsv"
+    shell:
+        "{FEDLIB} evaluate --model {params.model} --mask {input.mask} --windows {input.windows} "
+        "--label rr{wildcards.eps}_{wildcards.group} --batch-size {params.batch_size} --threads {threads} "
+        "--out {output} > {log} 2>&1"
+
+
+for _size in ("run", "full"):
+
+    rule:
+        name:
+            f"privacy_report_{_size}"
+        input:
+            priv_report_inputs(_size),
+        output:
+            priv_outputs(_size),
+        params:
+            spec=json.dumps(priv_report_spec(_size)),
+        conda:
+            "../../envs/fedlib.yaml"
+        log:
+            f"{LOGS}/report/privacy_{_size}.log",
+        benchmark:
+            f"{BENCH}/report/privacy_{_size}.tsv"
+        shell:
+            "{FEDLIB} privacy report --spec {params.spec:q} > {log} 2>&1"
+
+
+rule privacy:
+    """The reduced privacy audit (also part of rule all)."""
+    input:
+        PRIVACY_RUN_REPORTS,
+
+
+rule privacy_full:
+    """The full privacy audit (sizes in privacy.full)."""
+    input:
+        priv_outputs("full"),
