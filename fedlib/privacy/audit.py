@@ -717,22 +717,24 @@ def rr_aggregate(
         cdf = None if per_client or math.isinf(epsilon) else rr_count_cdf(m, epsilon)
         for info in layers:
             numel = math.prod(info.shape)
-            bits = [np.unpackbits(packed(i, info.name), count=numel, bitorder="little") for i in range(m)]
+            # one client's bits at a time: memory does not grow with the number of clients
             total = np.zeros(numel, dtype=np.int16)
-            for b in bits:
+            noisy_total = torch.zeros(info.shape, dtype=torch.int16) if per_client else None
+            for i in range(m):
+                b = np.unpackbits(packed(i, info.name), count=numel, bitorder="little")
                 total += b
-            true = torch.from_numpy(total).reshape(info.shape)
-            if math.isinf(epsilon):
-                observed = true.clone()
-            elif per_client:
-                observed = torch.zeros(info.shape, dtype=torch.int16)
-                for i, b in enumerate(bits):
+                if per_client and not math.isinf(epsilon):
                     clean = torch.from_numpy(b.astype(bool)).reshape(info.shape)
                     gen = seeded_generator(seed, "rr", files[i].header.client_id, epsilon, info.name)
                     noisy = randomized_response(clean, epsilon, generator=gen)
                     stats["flips"] += int((noisy ^ clean).sum())
                     stats["client_bits"] += numel
-                    observed += noisy.to(torch.int16)
+                    noisy_total += noisy.to(torch.int16)
+            true = torch.from_numpy(total).reshape(info.shape)
+            if math.isinf(epsilon):
+                observed = true.clone()
+            elif per_client:
+                observed = noisy_total
             else:
                 gen = seeded_generator(seed, "rr-counts", epsilon, info.name)
                 observed = sample_rr_counts(true, m, epsilon, gen, cdf)
