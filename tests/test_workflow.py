@@ -34,7 +34,7 @@ def tiny_config(model_dir, data_dir, windows=2):
         "privacy": {"sensitivity": {"neighbours": 1},
                     "membership": {"targets": 4, "pairs": 2, "blocks": 1, "seqlen": 8, "population": 8,
                                    "epsilons": [2]},
-                    "inversion": {"tokens": [3], "steps": 10, "prior_samples": 2, "tiny": [1]},
+                    "inversion": {"tokens": [3], "steps": 10, "prior_samples": 0, "tiny": [1]},
                     "defence": {"epsilons": [1], "group": "layer", "datasets": ["wikitext2"]}},
     }
 

@@ -661,12 +661,20 @@ def sample_rr_counts(true_counts: torch.Tensor, n_clients: int, epsilon: float,
     :func:`fedlib.privacy.defence.randomized_response` over the clients' masks (the flips are
     independent across clients and weights), at a cost independent of the number of clients."""
     cdf = rr_count_cdf(n_clients, epsilon) if cdf is None else cdf
-    u = torch.rand(true_counts.shape, generator=generator, dtype=torch.float64)
-    c = true_counts.long()
-    observed = torch.zeros(true_counts.shape, dtype=torch.int16)
-    for k in range(n_clients):  # observed = #{k : u > CDF(k)}
-        observed += (u > cdf[:, k][c]).to(torch.int16)
-    return observed
+    u = torch.rand(true_counts.shape, generator=generator, dtype=torch.float64).numpy().reshape(-1)
+    c = true_counts.to(torch.int64).numpy().reshape(-1)
+    # observed = #{k < m : u > CDF_c(k)}: per true count c (entries sorted by c), a search of
+    # u in that row of the CDF
+    order = np.argsort(c.astype(np.uint8 if n_clients <= 255 else np.int16), kind="stable")  # radix sort
+    table = cdf.numpy()
+    observed = np.empty(c.size, dtype=np.int16)
+    start = 0
+    for value, n in enumerate(np.bincount(c, minlength=n_clients + 1)):
+        if n:
+            rows = order[start : start + n]
+            observed[rows] = np.searchsorted(table[value][:-1], u[rows], side="left")
+            start += n
+    return torch.from_numpy(observed).reshape(true_counts.shape)
 
 
 def rr_aggregate(

@@ -229,7 +229,9 @@ def sensitivity_table(res: dict, spec: dict, out_dir: Path, suffix: str, natural
         f"(a client's shard); D'_j = D with sample j mod {res['n_samples']} replaced by a sample from another "
         f"client's shard: {len(res['neighbours'])} neighbouring data sets (differing in exactly one sample). "
         f"Masks of {scope} ({res['n_layers']} linears, {total:,} bits; {res['method']}, {res['group']}, "
-        f"{res['sparsity']:.0%}), computed as the client computes them.",
+        f"{res['sparsity']:.0%}), computed as the client computes them"
+        + (f"; D's mask is the client's shared mask file ({Path(res['base_mask']).name})." if res.get("base_mask")
+           else "."),
         "NOT a differential-privacy ε. The paper reads its 4.96 % as 'equivalent to a formal privacy budget of "
         "ε ≈ 0.05'; that ε is not derived from any mechanism, and no formal DP ε follows from a Hamming distance. "
         "Wanda is deterministic: two neighbouring data sets whose masks differ (every row above) give output "

@@ -25,7 +25,7 @@ rule client_mask:
     benchmark:
         f"{BENCH}/client_mask/{{calib}}/{{split}}/{{prune}}/{{client}}.tsv"
     shell:
-        "{FEDLIB} client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        "fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
         "--seed {params.seed} --client-id {wildcards.client} --batch-size {params.batch_size} "
         "--threads {threads} --out {output} > {log} 2>&1"
 
@@ -52,6 +52,6 @@ rule centralized_mask:
     benchmark:
         f"{BENCH}/centralized_mask/{{calib}}/{{prune}}.tsv"
     shell:
-        "{FEDLIB} client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        "fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
         "--seed {params.seed} --client-id centralized --batch-size {params.batch_size} "
         "--threads {threads} --out {output} > {log} 2>&1"

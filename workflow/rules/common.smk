@@ -10,7 +10,6 @@ RESULTS = config["results_dir"]
 REPORTS = config["reports_dir"]
 LOGS = f"{RESULTS}/logs"
 BENCH = f"{RESULTS}/benchmarks"
-FEDLIB = "fedlib"
 EMBEDDED_MODELS = {"smollm2-135m"}
 EVAL = config["evaluation"]
 

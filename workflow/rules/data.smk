@@ -19,7 +19,7 @@ rule calibration_pool:
     benchmark:
         f"{BENCH}/calibration_pool/{{calib}}.tsv"
     shell:
-        "{FEDLIB} calibration-pool --model {params.model} --data-dir {params.data_dir} "
+        "fedlib calibration-pool --model {params.model} --data-dir {params.data_dir} "
         "--dataset {params.dataset} --nsamples {params.nsamples} --seqlen {params.seqlen} "
         "--seed {params.seed} {params.docs} --out {output} > {log} 2>&1"
 
@@ -41,7 +41,7 @@ rule client_data:
     benchmark:
         f"{BENCH}/client_data/{{calib}}/{{split}}/{{client}}.tsv"
     shell:
-        "{FEDLIB} client-data --pool {input} --n-clients {params.n} --client {wildcards.client} "
+        "fedlib client-data --pool {input} --n-clients {params.n} --client {wildcards.client} "
         "--partition {params.partition} --seed {params.seed} --out {output} > {log} 2>&1"
 
 
@@ -63,6 +63,6 @@ rule eval_windows:
     benchmark:
         f"{BENCH}/eval_windows/{{dataset}}.tsv"
     shell:
-        "{FEDLIB} eval-windows --model {params.model} --data-dir {params.data_dir} "
+        "fedlib eval-windows --model {params.model} --data-dir {params.data_dir} "
         "--dataset {wildcards.dataset} --seqlen {params.seqlen} {params.windows} {params.c4_docs} "
         "--out {output} > {log} 2>&1"

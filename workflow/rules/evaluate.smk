@@ -28,7 +28,7 @@ rule evaluate_dense:
     benchmark:
         f"{BENCH}/evaluate/dense.tsv"
     shell:
-        "{FEDLIB} evaluate --model {params.model} --windows {input.windows} --label dense "
+        "fedlib evaluate --model {params.model} --windows {input.windows} --label dense "
         "--batch-size {params.batch_size} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -54,6 +54,6 @@ rule evaluate_perplexity:
     benchmark:
         f"{BENCH}/evaluate/{{calib}}/{{split}}/{{prune}}/{{label}}.tsv"
     shell:
-        "{FEDLIB} evaluate --model {params.model} {params.variant} "
+        "fedlib evaluate --model {params.model} {params.variant} "
         "--windows {input.windows} --label {wildcards.label} --batch-size {params.batch_size} "
         "--threads {threads} --out {output} > {log} 2>&1"

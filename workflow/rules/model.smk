@@ -13,4 +13,4 @@ rule materialize_model:
     resources:
         mem_mb=4000,
     shell:
-        "{FEDLIB} materialize-model --model {params.name} --out resources/models/{wildcards.model} > {log} 2>&1"
+        "fedlib materialize-model --model {params.name} --out resources/models/{wildcards.model} > {log} 2>&1"

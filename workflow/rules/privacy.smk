@@ -91,9 +91,12 @@ def priv_inversion_texts(size):
 
 
 def priv_prior_pool(size):
-    """Public text for the attacker's unigram prior: WikiText-2 windows (not the clients' C4)."""
+    """Public text for the attacker's unigram prior: WikiText-2 windows (not the clients' C4);
+    none with prior_samples 0 (no unigram baseline then)."""
     inv = priv(size, "inversion")
-    return f"{RESULTS}/pools/wikitext2-{inv['prior_samples']}x{parse_calib(PRIV_CALIB)[2]}.safetensors"
+    if not inv["prior_samples"]:
+        return []
+    return [f"{RESULTS}/pools/wikitext2-{inv['prior_samples']}x{parse_calib(PRIV_CALIB)[2]}.safetensors"]
 
 
 def priv_replacement_shards(size):
@@ -176,7 +179,7 @@ rule privacy_entropy:
     benchmark:
         f"{BENCH}/privacy/entropy.tsv"
     shell:
-        "{FEDLIB} privacy entropy --model {params.model} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
+        "fedlib privacy entropy --model {params.model} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
 
 
 rule privacy_similarity:
@@ -209,7 +212,7 @@ rule privacy_similarity:
     benchmark:
         f"{BENCH}/privacy/{{size}}/similarity.tsv"
     shell:
-        "{FEDLIB} privacy similarity --model {params.model} {params.pruning} {params.seeds} "
+        "fedlib privacy similarity --model {params.model} {params.pruning} {params.seeds} "
         "--batch-size {params.batch_size} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
 
 
@@ -240,7 +243,7 @@ rule privacy_sensitivity:
     benchmark:
         f"{BENCH}/privacy/{{size}}/sensitivity.tsv"
     shell:
-        "{FEDLIB} privacy sensitivity --model {params.model} {params.pruning} --calib {input.calib} "
+        "fedlib privacy sensitivity --model {params.model} {params.pruning} --calib {input.calib} "
         "--base-mask {input.base} --replacements {input.replacements} --neighbours {params.neighbours} --blocks {params.blocks} "
         "--batch-size {params.batch_size} --threads {threads} --out {output} > {log} 2>&1"
 
@@ -273,7 +276,7 @@ rule privacy_membership:
     benchmark:
         f"{BENCH}/privacy/{{size}}/membership.tsv"
     shell:
-        "{FEDLIB} privacy membership --model {params.model} {params.pruning} --population {input.population} "
+        "fedlib privacy membership --model {params.model} {params.pruning} --population {input.population} "
         "--targets {params.targets} --samples {params.samples} --pairs {params.pairs} --blocks {params.blocks} "
         "--epsilons {params.epsilons} --batch-size {params.batch_size} --threads {threads} "
         "--out {output} > {log} 2>&1"
@@ -296,7 +299,7 @@ rule privacy_inversion:
         seed=config["seed"],
         per_length=lambda wc: priv(wc.size, "inversion")["texts"],
         steps=lambda wc: priv(wc.size, "inversion")["steps"],
-        prior=lambda wc: "--use-prior" if priv(wc.size, "inversion")["prior"] else "",
+        prior=lambda wc: "--use-prior" if priv(wc.size, "inversion")["prior"] and priv_prior_pool(wc.size) else "",
         tiny=lambda wc: " ".join(str(t) for t in priv(wc.size, "inversion")["tiny"]),
     threads: 1
     resources:
@@ -308,7 +311,7 @@ rule privacy_inversion:
     benchmark:
         f"{BENCH}/privacy/{{size}}/inversion.tsv"
     shell:
-        "{FEDLIB} privacy inversion --model {params.model} --texts {input.texts} --per-length {params.per_length} "
+        "fedlib privacy inversion --model {params.model} --texts {input.texts} --per-length {params.per_length} "
         "--sparsity {params.sparsity} --group {params.group} --seed {params.seed} --steps {params.steps} "
         "--prior-tokens {input.prior} {params.prior} --tiny-lengths {params.tiny} --threads {threads} "
         "--out {output} > {log} 2>&1"
@@ -340,7 +343,7 @@ rule privacy_rr_aggregate:
     benchmark:
         f"{BENCH}/privacy/defence/rr{{eps}}_{{group}}.tsv"
     shell:
-        "{FEDLIB} privacy rr-aggregate --model {params.model} --epsilon {wildcards.eps} --group {params.group} "
+        "fedlib privacy rr-aggregate --model {params.model} --epsilon {wildcards.eps} --group {params.group} "
         "--sparsity {params.sparsity} --seed {params.seed} --clean-global {input.clean} --threads {threads} "
         "--out {output.mask} --record {output.record} {input.masks} > {log} 2>&1"
 
@@ -363,7 +366,7 @@ rule privacy_defence_eval:
     params:
         model=model_dir(),
         batch_size=EVAL.get("batch_size", 1),
-    threads: config.get("threads", 2)
+    threads: 1
     resources:
         mem_mb=4000,
     conda:
@@ -373,7 +376,7 @@ rule privacy_defence_eval:
     benchmark:
         f"{BENCH}/privacy/{{size}}/defence/rr{{eps}}_{{group}}.eval.tsv"
     shell:
-        "{FEDLIB} evaluate --model {params.model} --mask {input.mask} --windows {input.windows} "
+        "fedlib evaluate --model {params.model} --mask {input.mask} --windows {input.windows} "
         "--label rr{wildcards.eps}_{wildcards.group} --batch-size {params.batch_size} --threads {threads} "
         "--out {output} > {log} 2>&1"
 
@@ -396,7 +399,7 @@ for _size in ("run", "full"):
         benchmark:
             f"{BENCH}/report/privacy_{_size}.tsv"
         shell:
-            "{FEDLIB} privacy report --spec {params.spec:q} > {log} 2>&1"
+            "fedlib privacy report --spec {params.spec:q} > {log} 2>&1"
 
 
 rule privacy:

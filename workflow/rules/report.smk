@@ -52,5 +52,5 @@ rule table1:
     benchmark:
         f"{BENCH}/report/table1.tsv"
     shell:
-        "{FEDLIB} report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
+        "fedlib report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
         "--out-html {output.html} > {log} 2>&1"

@@ -25,7 +25,7 @@ rule aggregate:
     benchmark:
         f"{BENCH}/aggregate/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.tsv"
     shell:
-        "{FEDLIB} aggregate --model {params.model} --strategy fedprllm --group {params.group} "
+        "fedlib aggregate --model {params.model} --strategy fedprllm --group {params.group} "
         "--sparsity {params.sparsity} --seed {params.seed} --out {output} {input.masks} > {log} 2>&1"
 
 
@@ -63,7 +63,7 @@ rule iterative:
     benchmark:
         f"{BENCH}/iterative/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.tsv"
     shell:
-        "{FEDLIB} iterative --model {params.model} --calib {input.calib} {params.pruning} "
+        "fedlib iterative --model {params.model} --calib {input.calib} {params.pruning} "
         "--server-group {params.group} {params.scale} --seed {params.seed} --batch-size {params.batch_size} "
         "--threads {threads} --out {output.mask} --record {output.record} > {log} 2>&1"
 
@@ -102,7 +102,7 @@ rule fedspallm:
     benchmark:
         f"{BENCH}/fedspallm/{{calib}}/{{split}}/{{prune}}.tsv"
     shell:
-        "{FEDLIB} fedspallm --model {params.model} --calib {input.calib} --sparsity {params.sparsity} "
+        "fedlib fedspallm --model {params.model} --calib {input.calib} --sparsity {params.sparsity} "
         "--group {params.group} --rounds {params.rounds} --seed {params.seed} --batch-size {params.batch_size} "
         "--threads {threads} --standalone-out {output.standalone} --out {output.weights} "
         "--record {output.record} > {log} 2>&1"
@@ -126,5 +126,5 @@ rule random_mask:
     benchmark:
         f"{BENCH}/random_mask/{{sparsity}}.tsv"
     shell:
-        "{FEDLIB} random-mask --model {params.model} --sparsity {wildcards.sparsity} --seed {params.seed} "
+        "fedlib random-mask --model {params.model} --sparsity {wildcards.sparsity} --seed {params.seed} "
         "--out {output} > {log} 2>&1"

@@ -277,7 +277,7 @@ for _name, _spec in STUDY_SPECS.items():
         benchmark:
             f"{BENCH}/report/{_name}.tsv"
         shell:
-            "{FEDLIB} report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
+            "fedlib report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
             "--out-html {output.html} > {log} 2>&1"
 
 
@@ -299,7 +299,7 @@ for _name, _spec in STUDY_PLOTS.items():
         benchmark:
             f"{BENCH}/report/{_name}_plot.tsv"
         shell:
-            "{FEDLIB} plot --spec {params.spec:q} --out {output} > {log} 2>&1"
+            "fedlib plot --spec {params.spec:q} --out {output} > {log} 2>&1"
 
 
 for _name in STUDY_SPECS:

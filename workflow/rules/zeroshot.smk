@@ -93,7 +93,7 @@ rule zeroshot_dense:
     benchmark:
         f"{BENCH}/zeroshot/dense.tsv"
     shell:
-        "{FEDLIB} zeroshot --model {params.model} {params.args} --label dense "
+        "fedlib zeroshot --model {params.model} {params.args} --label dense "
         "--threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -120,5 +120,5 @@ rule zeroshot:
     benchmark:
         f"{BENCH}/zeroshot/{{calib}}/{{split}}/{{prune}}/{{label}}.tsv"
     shell:
-        "{FEDLIB} zeroshot --model {params.model} {params.variant} {params.args} "
+        "fedlib zeroshot --model {params.model} {params.variant} {params.args} "
         "--label {wildcards.label} --threads {threads} --out {output} > {log} 2>&1"
