@@ -229,6 +229,7 @@ def test_cli_stages_and_report_tables(tmp_path, tiny_model_dir, tiny_clients, da
         md = (reports / f"privacy_{name}.md").read_text()
         assert md.startswith("# Privacy audit") and f"Model: {model}" in md and "commit abc" in md
         assert (reports / f"privacy_{name}.csv").read_text().count("\n") >= 2
+        assert "<table>" in (reports / f"privacy_{name}.html").read_text()  # the HTML report's page
     assert "not derived from any mechanism" in (reports / "privacy_sensitivity.md").read_text()
     assert "What the attack observes" in (reports / "privacy_membership.md").read_text()
     defence = (reports / "privacy_defence.csv").read_text().splitlines()

@@ -118,6 +118,7 @@ def test_real_run_then_reruns_only_what_changed(workdir, tiny_model_dir, data_di
     assert "Nothing to be done" in snakemake(workdir, "--configfile", "config.yaml", "-n")
     report = (workdir / "reports" / "report.html").read_text()
     assert "table1.html" in report and "table12_run.html" in report and '"Zero-shot"' in report
+    assert "privacy_membership.html" in report and "privacy_defence.png" in report and '"Privacy"' in report
 
     # an evaluation setting changes: evaluation reruns, no mask is recomputed
     (workdir / "config_eval.yaml").write_text(yaml.safe_dump(tiny_config(tiny_model_dir, data_dir, windows=3)))
@@ -150,10 +151,12 @@ def test_html_report_renders_in_a_browser(workdir):
         pytest.skip("no chromium on PATH: the HTML report was built but not checked in a browser "
                     "(Debian: apt-get install chromium)")
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "check_report.py"), "reports/report.html",
-                           "--expect-category", "Perplexity", "--expect-category", "Zero-shot"],
+                           "--expect-category", "Perplexity", "--expect-category", "Zero-shot",
+                           "--expect-category", "Privacy"],
                           capture_output=True, text=True, cwd=workdir, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "reports/table12_run.html: 4 rows x 7 columns rendered (= its CSV)" in proc.stdout
+    assert "reports/privacy_membership.html:" in proc.stdout and "reports/privacy_defence.png:" in proc.stdout
 
 
 def test_invalid_config_is_rejected(tmp_path, tiny_model_dir, data_dir):

@@ -9,7 +9,7 @@
      "defence": {"records": {eps: JSON}, "evals": {eps: JSON}, "clean_eval": JSON,
                  "dense_eval": JSON, "datasets": [...], "group": "layer"}}
 
-and writes ``privacy_<analysis><suffix>.md/.csv`` for every analysis present, plus
+and writes ``privacy_<analysis><suffix>.md/.csv/.html`` for every analysis present, plus
 ``privacy_entropy_layers<suffix>.csv`` (every layer), ``privacy_membership_roc<suffix>.png``
 and ``privacy_defence<suffix>.png``. Every table header starts with the provenance lines
 of the other tables (model + fingerprint, config + hash, seed, fedlib version, commit, the
@@ -72,6 +72,13 @@ def provenance(context: dict, fingerprint: str | None) -> list[str]:
         *context.get("lines", []),
     ]
 
+
+
+def _write_tables(out_dir: Path, analysis: str, suffix: str, title: str, header, columns, rows) -> list[Path]:
+    """reports/privacy_<analysis><suffix>.{md,csv,html}: the HTML page is what the Snakemake report shows."""
+    paths = [out_dir / f"privacy_{analysis}{suffix}.{ext}" for ext in ("md", "csv", "html")]
+    write_table(*paths[:2], title, header, columns, rows, html_path=paths[2])
+    return paths
 
 def _s(n: int) -> str:
     return "" if n == 1 else "s"
@@ -136,8 +143,7 @@ def entropy_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[Pat
     ]
     columns = ["Layers", "Entries", "Mask density", "Mask bits/entry", "fp16 bits/entry", "fp16 distinct values",
                "Mask / fp16", "Reduction", "Across clients bits/entry"]
-    md, csv_path = out_dir / f"privacy_entropy{suffix}.md", out_dir / f"privacy_entropy{suffix}.csv"
-    write_table(md, csv_path, "Privacy audit 1: entropy of a shared mask vs the fp16 weights", header, columns, rows)
+    tables = _write_tables(out_dir, "entropy", suffix, "Privacy audit 1: entropy of a shared mask vs the fp16 weights", header, columns, rows)
     per_layer = out_dir / f"privacy_entropy_layers{suffix}.csv"
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -148,7 +154,7 @@ def entropy_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[Pat
                          f"{r['mask_bits']:.6f}", f"{r['fp16_bits']:.6f}", r["fp16_distinct"],
                          "" if r["ensemble_bits"] is None else f"{r['ensemble_bits']:.6f}"])
     write_text_atomic(per_layer, buffer.getvalue())
-    return [md, csv_path, per_layer]
+    return tables + [per_layer]
 
 
 # --------------------------------------------------------------------------- similarity
@@ -195,10 +201,8 @@ def similarity_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[
         "the same number of samples per data set.",
     ]
     columns = ["Masks compared", "Pairs", "Mean Hamming", "Std", "Min", "Median", "Max", "Identical bits (mean)"]
-    md, csv_path = out_dir / f"privacy_similarity{suffix}.md", out_dir / f"privacy_similarity{suffix}.csv"
-    write_table(md, csv_path, "Privacy audit 2: mask similarity across private data sets (Hamming distance)",
-                header, columns, rows)
-    return [md, csv_path]
+    tables = _write_tables(out_dir, "similarity", suffix, "Privacy audit 2: mask similarity across private data sets (Hamming distance)", header, columns, rows)
+    return tables
 
 
 # --------------------------------------------------------------------------- sensitivity
@@ -242,9 +246,8 @@ def sensitivity_table(res: dict, spec: dict, out_dir: Path, suffix: str, natural
         "changed bits (Δ) is what group privacy would multiply a per-bit ε by.",
     ]
     columns = ["Neighbour", "Replaced sample", "Changed bits", "Hamming (all layers)"] + [f"{t}" for t in types]
-    md, csv_path = out_dir / f"privacy_sensitivity{suffix}.md", out_dir / f"privacy_sensitivity{suffix}.csv"
-    write_table(md, csv_path, "Privacy audit 3: sensitivity of the mask to one calibration sample", header, columns, rows)
-    return [md, csv_path]
+    tables = _write_tables(out_dir, "sensitivity", suffix, "Privacy audit 3: sensitivity of the mask to one calibration sample", header, columns, rows)
+    return tables
 
 
 # --------------------------------------------------------------------------- membership
@@ -315,12 +318,10 @@ def membership_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[
     ]
     columns = ["Attack", "AUC [95 % CI]"] + [f"TPR @ {f:g} FPR [95 % CI]" for f in fprs] + \
         ["ε lower bound, LR = 1 threshold", "ε lower bound, split threshold"]
-    md, csv_path = out_dir / f"privacy_membership{suffix}.md", out_dir / f"privacy_membership{suffix}.csv"
-    write_table(md, csv_path, "Privacy audit 4: membership inference against a client's shared mask",
-                header, columns, rows)
+    tables = _write_tables(out_dir, "membership", suffix, "Privacy audit 4: membership inference against a client's shared mask", header, columns, rows)
     png = out_dir / f"privacy_membership_roc{suffix}.png"
     _roc_plot(res, spec, png)
-    return [md, csv_path, png]
+    return tables + [png]
 
 
 def _caption(spec: dict, fingerprint: str, extra: str) -> str:
@@ -411,9 +412,8 @@ def inversion_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[P
     columns = ["Model", "T tokens", "Text", "Mask agreement (attack)", "Mask agreement (random tokens)",
                "Exact-position recovery", "Bag-of-tokens recovery", "Unigram guess (bag)", "Seconds",
                "Original", "Reconstructed (bag, in the attack's order)"]
-    md, csv_path = out_dir / f"privacy_inversion{suffix}.md", out_dir / f"privacy_inversion{suffix}.csv"
-    write_table(md, csv_path, "Privacy audit 5: inverting a client's mask back to its text", header, columns, rows)
-    return [md, csv_path]
+    tables = _write_tables(out_dir, "inversion", suffix, "Privacy audit 5: inverting a client's mask back to its text", header, columns, rows)
+    return tables
 
 
 # --------------------------------------------------------------------------- defence
@@ -487,12 +487,10 @@ def defence_table(d: dict, spec: dict, out_dir: Path, suffix: str, membership: d
     columns = ["ε per bit", "Flip prob. q", "Flipped bits per client (expected)", "Whole-mask ε (composition)",
                "Global mask vs noise-free (Hamming)", "Debiased count MAE (votes)"] + \
         [f"{DATASET_TITLES.get(ds, ds)} ppl" for ds in datasets] + ["MIA AUC", "MIA ε lower bound"]
-    md, csv_path = out_dir / f"privacy_defence{suffix}.md", out_dir / f"privacy_defence{suffix}.csv"
-    write_table(md, csv_path, "Privacy audit 6: randomized response on mask bits — privacy vs utility",
-                header, columns, rows)
+    tables = _write_tables(out_dir, "defence", suffix, "Privacy audit 6: randomized response on mask bits — privacy vs utility", header, columns, rows)
     png = out_dir / f"privacy_defence{suffix}.png"
     _defence_plot(records, evals, clean, dense, datasets, mia, spec, png, first, membership)
-    return [md, csv_path, png]
+    return tables + [png]
 
 
 def _defence_plot(records, evals, clean, dense, datasets, mia, spec, path, first, membership) -> None:

@@ -128,14 +128,16 @@ def priv_defence_spec(size):
     }
 
 
-def priv_outputs(size):
+def priv_outputs(size, for_report=False):
+    """The audit's tables and plots; ``for_report`` flags the HTML pages and plots for the HTML report."""
     suffix = "" if size == "run" else "_full"
-    out = []
-    for analysis in PRIVACY_ANALYSES:
-        out += [f"{REPORTS}/privacy_{analysis}{suffix}.md", f"{REPORTS}/privacy_{analysis}{suffix}.csv"]
-    out += [f"{REPORTS}/privacy_entropy_layers{suffix}.csv", f"{REPORTS}/privacy_membership_roc{suffix}.png",
-            f"{REPORTS}/privacy_defence{suffix}.png"]
-    return out
+    shown = [f"{REPORTS}/privacy_{analysis}{suffix}.html" for analysis in PRIVACY_ANALYSES]
+    shown += [f"{REPORTS}/privacy_membership_roc{suffix}.png", f"{REPORTS}/privacy_defence{suffix}.png"]
+    if for_report:
+        caption = "../report/privacy.rst" if size == "run" else "../report/privacy_full.rst"
+        shown = [report(path, caption=caption, category="Privacy") for path in shown]
+    out = [f"{REPORTS}/privacy_{analysis}{suffix}.{ext}" for analysis in PRIVACY_ANALYSES for ext in ("md", "csv")]
+    return out + [f"{REPORTS}/privacy_entropy_layers{suffix}.csv"] + shown
 
 
 def priv_report_spec(size):
@@ -389,7 +391,7 @@ for _size in ("run", "full"):
         input:
             priv_report_inputs(_size),
         output:
-            priv_outputs(_size),
+            priv_outputs(_size, for_report=True),
         params:
             spec=json.dumps(priv_report_spec(_size)),
         conda:
