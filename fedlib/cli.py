@@ -125,6 +125,7 @@ def cmd_iterative(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.federation import iterative_prune
     from fedlib.maskfile import write_mask_file
+    from fedlib.methods import method_allocation
     from fedlib.models import fingerprint, load_model, prunable_layers
 
     _threads(args)
@@ -136,7 +137,8 @@ def cmd_iterative(args) -> None:
     write_mask_file(
         Path(args.out), result.masks, prunable_layers(model), fingerprint=fingerprint(model),
         role="global", client_id="server", method=f"fedprllm-iterative[{args.method}]",
-        group=args.server_group, sparsity=args.sparsity, n_samples=sum(c.shape[0] for c in clients),
+        group=args.server_group, sparsity=args.sparsity, allocation=method_allocation(args.method),
+        n_samples=sum(c.shape[0] for c in clients),
         seed=args.seed, n_clients=len(clients), votes=result.votes,
     )
     _write_json(Path(args.record), {

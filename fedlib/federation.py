@@ -18,9 +18,11 @@ FedPrLLM (Sections 3.2.3 and 4.2.3 of the paper)
     too. Methods with a weight update (``sparsegpt_update``) only contribute masks: the FedPrLLM
     global model is the base weights under the global mask. Methods that allocate per-layer
     ratios (OWL's plan on the client's own data, BESA's per-block allocation on the client's
-    activations) do so per client exactly as in :func:`prune_locally`; the server prunes each
-    layer at ``sparsity`` (a float, or an explicit per-layer mapping), like the one-shot server,
-    unless ``server_sparsity`` says otherwise (e.g. the mean of the clients' planned ratios).
+    activations) do so per client exactly as in :func:`prune_locally`, and the server prunes
+    each layer at the mean of the clients' pruned fractions in that layer
+    (:func:`~fedlib.server.fedprllm.planned_sparsity`, as ``fedlib aggregate`` does with
+    ``nonuniform`` mask files); uniform methods are pruned at ``sparsity`` (a float, or an explicit
+    per-layer mapping). Iterative pruning takes ``server_sparsity`` to override either.
 
 FedSpaLLM (see :mod:`fedlib.server.fedspallm` for aggregation, expansion and sampling)
     :func:`fedspallm_client` is one client's round; :func:`fedspallm_prune` simulates T rounds with
@@ -48,13 +50,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from fedlib.methods import get_method
+from fedlib.methods import get_method, method_allocation
 from fedlib.models import LayerInfo, block_linears, block_path, decoder_blocks, prunable_layers
 from fedlib.recursion import (
     BlockDecision, LayerwiseRunner, block_sparsity, decide_block, plan_sparsity, prune_locally,
     weights_replaced,
 )
-from fedlib.server.fedprllm import global_mask_from_votes, scale_factors
+from fedlib.server.fedprllm import global_mask_from_votes, planned_sparsity, scale_factors
 from fedlib.server.fedspallm import FedSpaLLM, L0Accumulator, uncovered_blocks
 
 
@@ -69,6 +71,16 @@ def _votes_dtype(n_clients: int) -> torch.dtype:
 
 def _ratio(sparsity: float | Mapping[str, float], name: str) -> float:
     return sparsity[name] if isinstance(sparsity, Mapping) else sparsity
+
+
+def _server_target(votes: torch.Tensor, n_clients: int, method: str, sparsity: float | Mapping[str, float],
+                   name: str, override: float | Mapping[str, float] | None = None) -> float:
+    """The sparsity the server prunes layer ``name`` at (module docstring)."""
+    if override is not None:
+        return _ratio(override, name)
+    if method_allocation(method) == "nonuniform":
+        return planned_sparsity(votes, n_clients)
+    return _ratio(sparsity, name)
 
 
 # --------------------------------------------------------------------------- records
@@ -204,7 +216,8 @@ def iterative_prune(
     Returns the global masks, the vote counts, and one :class:`RoundRecord` per block (bytes up
     = sum over clients of the block's packed masks, bytes down = the global masks broadcast to
     every client; with ``keep_round_masks`` also each client's local masks and the global masks
-    of that round). The server prunes each layer at ``server_sparsity`` (default ``sparsity``).
+    of that round). The server prunes each layer at ``server_sparsity`` when given, else as the
+    module docstring says (the clients' mean for OWL / BESA, ``sparsity`` otherwise).
     The model is left unchanged.
     """
     n = len(client_input_ids)
@@ -247,9 +260,9 @@ def iterative_prune(
                 kept_masks.append(decision.masks)
             t_clients += time.perf_counter() - start
         start = time.perf_counter()
-        target = sparsity if server_sparsity is None else server_sparsity
         global_masks = {
-            name: global_mask_from_votes(votes[name], _ratio(target, name), server_group, seed, name)
+            name: global_mask_from_votes(votes[name], _server_target(votes[name], n, method, sparsity, name,
+                                                                     server_sparsity), server_group, seed, name)
             for name in linears
         }
         weights = {}
@@ -317,7 +330,8 @@ def one_shot_prune(
         record.seconds_clients += time.perf_counter() - start
     start = time.perf_counter()
     masks = {
-        info.name: global_mask_from_votes(votes[info.name], _ratio(sparsity, info.name), server_group, seed, info.name)
+        info.name: global_mask_from_votes(votes[info.name], _server_target(votes[info.name], n, method, sparsity,
+                                                                           info.name), server_group, seed, info.name)
         for info in layers
     }
     record.seconds_server = time.perf_counter() - start

@@ -178,10 +178,15 @@ def test_magnitude_needs_no_data_and_mapping_sparsity(model):
 @pytest.mark.parametrize("method,options", [("owl", {"outlier_m": 1.5, "lam": 0.05}), ("besa", {"steps": 3, "lr": 0.1})])
 def test_nonuniform_methods_iterative_one_client_equals_local(model, method, options):
     """OWL plans on the client's data, BESA allocates per block on the client's activations;
-    with the server pruning each layer at the client's ratios, one client = local pruning."""
+    the server prunes each layer at the clients' mean ratio, so one client = local pruning."""
     ids = _ids(7, n=3)
     local = prune_locally(model, ids, method, 0.6, "row", seed=0, method_options=options)
     assert len(set(local.layer_sparsity.values())) > 1  # really non-uniform
-    result = iterative_prune(model, [ids], method, 0.6, "row", "row", seed=0, method_options=options,
-                             server_sparsity=local.layer_sparsity)
+    # the server follows the client's allocation on its own (the mean of one client's fractions)
+    result = iterative_prune(model, [ids], method, 0.6, "row", "row", seed=0, method_options=options)
     _equal(result.masks, local.masks)
+    _equal(one_shot_prune(model, [ids], method, 0.6, "row", "row", seed=0, method_options=options).masks, local.masks)
+    # an explicit server target overrides it: uniform 0.6 is not the client's plan
+    uniform = iterative_prune(model, [ids], method, 0.6, "row", "row", seed=0, method_options=options,
+                              server_sparsity=0.6)
+    assert any(not torch.equal(uniform.masks[k], local.masks[k]) for k in local.masks)

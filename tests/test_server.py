@@ -72,6 +72,33 @@ def test_single_client_global_mask_is_its_own_mask(model, tmp_path):
     assert all(torch.equal(final[k], masks[0][k]) for k in final)
 
 
+def test_nonuniform_clients_keep_their_allocation(model, tmp_path):
+    """OWL clients: the server prunes each layer at the mean of the clients' pruned fractions
+    (not the uniform target), still the most-voted weights first."""
+    paths, masks = [], []
+    for i in range(3):
+        ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(i))
+        result = prune_locally(model, ids, "owl", 0.6, "layer", seed=0,
+                               method_options={"outlier_m": 1.5, "lam": 0.1}).masks
+        paths.append(tmp_path / f"owl_{i}.mask.safetensors")
+        write_mask_file(paths[-1], result, prunable_layers(model), fingerprint=fingerprint(model),
+                        role="client", client_id=str(i), method="owl", group="layer", sparsity=0.6,
+                        allocation="nonuniform", n_samples=2, seed=0)
+        masks.append(result)
+    out = tmp_path / "global.mask.safetensors"
+    FedPrLLM(group="layer", sparsity=0.6, seed=0).aggregate(paths, fingerprint(model), prunable_layers(model), out)
+    result = MaskFile(out, fingerprint(model), prunable_layers(model))
+    assert result.header.allocation == "nonuniform"
+    counts = set()
+    for info in prunable_layers(model):
+        client_pruned = [int(m[info.name].sum()) for m in masks]
+        final, votes = result.layer_mask(info.name).reshape(-1), sum(m[info.name].int() for m in masks).reshape(-1)
+        assert int(final.sum()) == sum(client_pruned) // 3  # mean of the clients' counts (floor)
+        assert votes[final].min() >= votes[~final].max()
+        counts.add(int(final.sum()))
+    assert len(counts) > 1  # really non-uniform across layers
+
+
 def test_refuses_bad_client_sets(model, tmp_path):
     paths, _ = _clients(model, tmp_path, n=2)
     out = tmp_path / "global.mask.safetensors"

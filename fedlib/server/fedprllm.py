@@ -28,6 +28,13 @@ def global_mask_from_votes(votes: torch.Tensor, sparsity: float, group: str, see
     return prune_lowest(-votes.to(torch.float32), sparsity, group, seed, f"server:{name}")
 
 
+def planned_sparsity(votes: torch.Tensor, n_clients: int) -> float:
+    """A layer's server target when clients allocate sparsity per layer (OWL, BESA): the mean of
+    the clients' pruned fractions, sum(votes) / (n * numel). The papers are silent here; a
+    uniform server target would discard the allocation the local method planned."""
+    return float(votes.sum(dtype=torch.int64)) / (n_clients * votes.numel())
+
+
 def scale_factors(votes: torch.Tensor, n_clients: int) -> torch.Tensor:
     """(m - M_hat) / m: the FedAvg of the clients' locally pruned weights, relative to W."""
     return (n_clients - votes.to(torch.float32)) / n_clients
@@ -60,19 +67,22 @@ class FedPrLLM:
 
     def aggregate(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo], out: Path) -> dict:
         files = self.open_clients(paths, fingerprint, layers)
+        # any client with a per-layer allocation (OWL, BESA): the server follows the clients' plan
+        allocation = "nonuniform" if any(f.header.allocation == "nonuniform" for f in files) else "uniform"
         masks, votes = {}, {}
         for info in layers:
             count = torch.zeros(info.shape, dtype=torch.int16)
             for f in files:
                 count += f.layer_mask(info.name)
             votes[info.name] = count
-            masks[info.name] = global_mask_from_votes(count, self.sparsity, self.group, self.seed, info.name)
+            target = planned_sparsity(count, len(files)) if allocation == "nonuniform" else self.sparsity
+            masks[info.name] = global_mask_from_votes(count, target, self.group, self.seed, info.name)
         first = files[0].header
         write_mask_file(
             out, masks, layers,
             fingerprint=fingerprint, role="global", client_id="server",
-            method=f"fedprllm[{first.method}]", group=self.group, sparsity=self.sparsity,
+            method=f"fedprllm[{first.method}]", group=self.group, sparsity=self.sparsity, allocation=allocation,
             n_samples=sum(f.header.n_samples for f in files), seed=self.seed,
             n_clients=len(files), votes=votes,
         )
-        return {"n_clients": len(files), "group": self.group, "sparsity": self.sparsity}
+        return {"n_clients": len(files), "group": self.group, "sparsity": self.sparsity, "allocation": allocation}
