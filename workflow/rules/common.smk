@@ -155,6 +155,13 @@ def config_files():
     return " + ".join(dict.fromkeys(shown(f) for f in files)) or "config.yaml"
 
 
+def pool_description(dataset, nsamples):
+    """What a calib component means: mix-8 is 8 samples from each of the three sources."""
+    if dataset == "mix":
+        return f"{3 * nsamples} calibration samples ({nsamples} each from wikitext2, c4, ptb)"
+    return f"{nsamples} calibration samples from {dataset}"
+
+
 def report_context(calib, split, prune, title_extra=""):
     dataset, nsamples, seqlen = parse_calib(calib)
     kind, n = parse_split(split)
@@ -167,7 +174,7 @@ def report_context(calib, split, prune, title_extra=""):
         "config_hash": config_hash(),
         "commit": _commit(),
         "lines": [
-            f"{n} clients, {nsamples} calibration samples x {seqlen} tokens from {dataset} "
+            f"{n} clients, {pool_description(dataset, nsamples)} x {seqlen} tokens "
             f"({partition} split); local method {method} with {group_arg(group)} comparison "
             f"at {sparsity:.0%}{title_extra}"
         ],
