@@ -11,7 +11,7 @@ rule client_mask:
     output:
         f"{RESULTS}/masks/{{calib}}/{{split}}/{{prune}}/client_{{client}}.mask.safetensors",
     params:
-        model=model_dir(),
+        model=model_folder,
         pruning=_mask_params,
         seed=config["seed"],
         batch_size=config["pruning"].get("batch_size", 8),
@@ -38,7 +38,7 @@ rule centralized_mask:
     output:
         f"{RESULTS}/masks/{{calib}}/central/{{prune}}/centralized.mask.safetensors",
     params:
-        model=model_dir(),
+        model=model_folder,
         pruning=_mask_params,
         seed=config["seed"],
         batch_size=config["pruning"].get("batch_size", 8),

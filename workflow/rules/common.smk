@@ -47,6 +47,11 @@ def model_dir():
 MODEL_READY = f"{model_dir()}/config.json"
 
 
+def model_folder(wildcards, input):
+    """The model folder a job loads: derived from its `model` input, so the path is written once."""
+    return os.path.dirname(input.model)
+
+
 def data_dir_arg():
     return config["data_dir"] if config["data_dir"] else "hub"
 

@@ -1,11 +1,11 @@
 rule calibration_pool:
     """All calibration samples of a setting (seeded random windows); Centralized uses them all."""
     input:
-        MODEL_READY,
+        model=MODEL_READY,
     output:
         f"{RESULTS}/pools/{{calib}}.safetensors",
     params:
-        model=model_dir(),
+        model=model_folder,
         data_dir=data_dir_arg(),
         dataset=lambda wc: parse_calib(wc.calib)[0],
         nsamples=lambda wc: parse_calib(wc.calib)[1],
@@ -47,11 +47,11 @@ rule client_data:
 
 rule eval_windows:
     input:
-        MODEL_READY,
+        model=MODEL_READY,
     output:
         f"{RESULTS}/eval_windows/{{dataset}}.safetensors",
     params:
-        model=model_dir(),
+        model=model_folder,
         data_dir=data_dir_arg(),
         seqlen=EVAL["seqlen"],
         windows=f"--windows {EVAL['windows']}" if EVAL.get("windows") else "",

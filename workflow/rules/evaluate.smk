@@ -16,7 +16,7 @@ rule evaluate_dense:
     output:
         f"{RESULTS}/eval/dense.json",
     params:
-        model=model_dir(),
+        model=model_folder,
         batch_size=EVAL.get("batch_size", 1),
     threads: config.get("threads", 2)
     resources:
@@ -41,7 +41,7 @@ rule evaluate_perplexity:
     wildcard_constraints:
         label=r"centralized|local_\d+|random|fedspallm|standalone_\d+|fedprllm_(oneshot|iterative)_(row|layer|column|\d+of\d+)_(scale|noscale)",
     params:
-        model=model_dir(),
+        model=model_folder,
         variant=lambda wc: _variant(wc)[1],
         batch_size=EVAL.get("batch_size", 1),
     threads: config.get("threads", 2)

@@ -170,7 +170,7 @@ rule privacy_entropy:
     output:
         f"{PRIV_BASE}/entropy.json",
     params:
-        model=model_dir(),
+        model=model_folder,
     threads: 1
     resources:
         mem_mb=3000,
@@ -194,7 +194,7 @@ rule privacy_similarity:
     wildcard_constraints:
         size="run|full",
     params:
-        model=model_dir(),
+        model=model_folder,
         pruning=priv_pruning_args(),
         seeds=lambda wc: (
             "--seeds {} --seed-samples {} --seqlen {} --dataset {} --data-dir {} {}".format(
@@ -230,7 +230,7 @@ rule privacy_sensitivity:
     wildcard_constraints:
         size="run|full",
     params:
-        model=model_dir(),
+        model=model_folder,
         pruning=priv_pruning_args(),
         neighbours=lambda wc: priv(wc.size, "sensitivity")["neighbours"],
         blocks=lambda wc: priv(wc.size, "sensitivity")["blocks"] or "all",
@@ -260,7 +260,7 @@ rule privacy_membership:
     wildcard_constraints:
         size="run|full",
     params:
-        model=model_dir(),
+        model=model_folder,
         pruning=priv_pruning_args(),
         targets=lambda wc: priv(wc.size, "membership")["targets"],
         pairs=lambda wc: priv(wc.size, "membership")["pairs"],
@@ -295,7 +295,7 @@ rule privacy_inversion:
     wildcard_constraints:
         size="run|full",
     params:
-        model=model_dir(),
+        model=model_folder,
         sparsity=lambda wc: priv_setting()[1],
         group=lambda wc: priv_setting()[2],
         seed=config["seed"],
@@ -331,7 +331,7 @@ rule privacy_rr_aggregate:
     wildcard_constraints:
         eps=r"[0-9.]+",
     params:
-        model=model_dir(),
+        model=model_folder,
         sparsity=lambda wc: priv_setting()[1],
         group=lambda wc: group_arg(wc.group),
         seed=config["seed"],
@@ -366,7 +366,7 @@ rule privacy_defence_eval:
         eps=r"[0-9.]+",
         size="run|full",
     params:
-        model=model_dir(),
+        model=model_folder,
         batch_size=EVAL.get("batch_size", 1),
     threads: 1
     resources:

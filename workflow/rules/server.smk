@@ -12,7 +12,7 @@ rule aggregate:
     output:
         f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.mask.safetensors",
     params:
-        model=model_dir(),
+        model=model_folder,
         sparsity=lambda wc: parse_prune(wc.prune)[1],
         group=lambda wc: group_arg(wc.group),
         seed=config["seed"],
@@ -46,7 +46,7 @@ rule iterative:
     wildcard_constraints:
         run=r"iterative|iterative-scaled",
     params:
-        model=model_dir(),
+        model=model_folder,
         pruning=lambda wc: "--method {} --sparsity {} --local-group {}".format(
             parse_prune(wc.prune)[0], parse_prune(wc.prune)[1], group_arg(parse_prune(wc.prune)[2])),
         group=lambda wc: group_arg(wc.group),
@@ -86,7 +86,7 @@ rule fedspallm:
             for i in range(FEDSPALLM.get("standalone_clients", 4))
         ],
     params:
-        model=model_dir(),
+        model=model_folder,
         sparsity=lambda wc: parse_prune(wc.prune)[1],
         group=lambda wc: group_arg(parse_prune(wc.prune)[2]),
         rounds=FEDSPALLM.get("rounds", 1),
@@ -111,13 +111,13 @@ rule fedspallm:
 rule random_mask:
     """Random pruning baseline (FedSpaLLM tables): a seeded random mask per layer."""
     input:
-        MODEL_READY,
+        model=MODEL_READY,
     output:
         f"{RESULTS}/random/{{sparsity}}.mask.safetensors",
     wildcard_constraints:
         sparsity=r"[0-9.]+",
     params:
-        model=model_dir(),
+        model=model_folder,
         seed=config["seed"],
     conda:
         "../../envs/fedlib.yaml"

@@ -81,7 +81,7 @@ rule zeroshot_dense:
     output:
         f"{RESULTS}/zeroshot/dense.json",
     params:
-        model=model_dir(),
+        model=model_folder,
         args=ZEROSHOT_ARGS,
     threads: config.get("threads", 2)
     resources:
@@ -107,7 +107,7 @@ rule zeroshot:
         # the labels of evaluate_perplexity
         label=r"centralized|local_\d+|random|fedspallm|standalone_\d+|fedprllm_(oneshot|iterative)_(row|layer|column|\d+of\d+)_(scale|noscale)",
     params:
-        model=model_dir(),
+        model=model_folder,
         variant=lambda wc: _zeroshot_variant(wc)[1],
         args=ZEROSHOT_ARGS,
     threads: config.get("threads", 2)
