@@ -1,8 +1,3 @@
-def _mask_params(wc):
-    method, sparsity, group = parse_prune(wc.prune)
-    return f"--method {method} --sparsity {sparsity} --group {group_arg(group)}"
-
-
 rule client_mask:
     """What a client computes on its own machine and sends: its mask file."""
     input:
@@ -12,7 +7,7 @@ rule client_mask:
         f"{RESULTS}/masks/{{calib}}/{{split}}/{{prune}}/client_{{client}}.mask.safetensors",
     params:
         model=model_folder,
-        pruning=_mask_params,
+        pruning=mask_args,
         seed=config["seed"],
         batch_size=config["pruning"].get("batch_size", 8),
     threads: config.get("threads", 2)
@@ -39,7 +34,7 @@ rule centralized_mask:
         f"{RESULTS}/masks/{{calib}}/central/{{prune}}/centralized.mask.safetensors",
     params:
         model=model_folder,
-        pruning=_mask_params,
+        pruning=mask_args,
         seed=config["seed"],
         batch_size=config["pruning"].get("batch_size", 8),
     threads: config.get("threads", 2)

@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def model_dir():
     name = config["model"]["name"]
     if name not in EMBEDDED_MODELS and Path(name).is_dir():
         return name
-    return f"resources/models/{name.replace('/', '--')}"
+    return f"resources/models/{'--'.join(name.split('/'))}"
 
 
 MODEL_READY = f"{model_dir()}/config.json"
@@ -149,8 +150,6 @@ def config_hash():
 
 def config_files():
     """The config files in the order they were merged: the Snakefile's, then --configfile ones."""
-    import os
-
     def shown(f):
         rel = os.path.relpath(os.path.abspath(f))
         return str(f) if rel.startswith("..") else rel
@@ -184,3 +183,54 @@ def report_context(calib, split, prune, title_extra=""):
             f"at {sparsity:.0%}{title_extra}"
         ],
     }
+
+
+# Inputs and parameters of the rules in clients, server, evaluate and zeroshot.smk.
+
+def mask_args(wc):
+    method, sparsity, group = parse_prune(wc.prune)
+    return f"--method {method} --sparsity {sparsity} --group {group_arg(group)}"
+
+
+def client_masks(wc):
+    _, n = parse_split(wc.split)
+    return [f"{RESULTS}/masks/{wc.calib}/{wc.split}/{wc.prune}/client_{i}.mask.safetensors" for i in range(n)]
+
+
+def client_shards(wc):
+    _, n = parse_split(wc.split)
+    return [f"{RESULTS}/shards/{wc.calib}/{wc.split}/client_{i}.safetensors" for i in range(n)]
+
+
+FEDSPALLM = config.get("studies", {}).get("fedspallm", {})
+
+
+EVAL_WINDOWS = expand(f"{RESULTS}/eval_windows/{{dataset}}.safetensors", dataset=EVAL["datasets"])
+
+
+def variant_of(wc):
+    """(input file, CLI arguments) of the variant a perplexity or zero-shot job scores."""
+    return variant_input(wc.calib, wc.split, wc.prune, wc.label)
+
+
+def evaluation_inputs(wc):
+    return {"model": MODEL_READY, "windows": EVAL_WINDOWS, "variant": variant_of(wc)[0]}
+
+
+ZEROSHOT = config.get("zeroshot", {})
+ZEROSHOT_TASKS = ZEROSHOT.get("tasks", ["boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa"])
+ZEROSHOT_LIMIT = ZEROSHOT.get("limit", 20)  # the schema default; null = full splits
+# the local task files, so a changed file reruns the evaluation (none when loading from the hub)
+ZEROSHOT_DATA = [f"{config['data_dir']}/zeroshot/{task}.jsonl" for task in ZEROSHOT_TASKS] if config["data_dir"] else []
+
+
+
+
+def zeroshot_inputs(wc):
+    return {"model": MODEL_READY, "data": ZEROSHOT_DATA, "variant": variant_of(wc)[0]}
+
+
+ZEROSHOT_ARGS = (
+    f"--tasks {' '.join(ZEROSHOT_TASKS)} --limit {ZEROSHOT_LIMIT if ZEROSHOT_LIMIT is not None else 'none'} "
+    f"--batch-size {ZEROSHOT.get('batch_size', 8)} --seed {config['seed']} --data-dir {data_dir_arg()}"
+)

@@ -1,14 +1,3 @@
-EVAL_WINDOWS = expand(f"{RESULTS}/eval_windows/{{dataset}}.safetensors", dataset=EVAL["datasets"])
-
-
-def _variant(wc):
-    return variant_input(wc.calib, wc.split, wc.prune, wc.label)
-
-
-def _evaluation_inputs(wc):
-    return {"model": MODEL_READY, "windows": EVAL_WINDOWS, "variant": _variant(wc)[0]}
-
-
 rule evaluate_dense:
     input:
         model=MODEL_READY,
@@ -35,14 +24,14 @@ rule evaluate_dense:
 rule evaluate_perplexity:
     """Perplexity of one variant: the base model with its mask applied in memory."""
     input:
-        unpack(_evaluation_inputs),
+        unpack(evaluation_inputs),
     output:
         f"{RESULTS}/eval/{{calib}}/{{split}}/{{prune}}/{{label}}.json",
     wildcard_constraints:
         label=r"centralized|local_\d+|random|fedspallm|standalone_\d+|fedprllm_(oneshot|iterative)_(row|layer|column|\d+of\d+)_(scale|noscale)",
     params:
         model=model_folder,
-        variant=lambda wc: _variant(wc)[1],
+        variant=lambda wc: variant_of(wc)[1],
         batch_size=EVAL.get("batch_size", 1),
     threads: config.get("threads", 2)
     resources:

@@ -1,8 +1,3 @@
-def client_masks(wc):
-    _, n = parse_split(wc.split)
-    return [f"{RESULTS}/masks/{wc.calib}/{wc.split}/{wc.prune}/client_{i}.mask.safetensors" for i in range(n)]
-
-
 rule aggregate:
     """FedPrLLM server, one-shot: vote over all client masks, top-k per comparison group.
     The output keeps the vote counts, so scaled and unscaled variants share it."""
@@ -27,11 +22,6 @@ rule aggregate:
     shell:
         "fedlib aggregate --model {params.model} --strategy fedprllm --group {params.group} "
         "--sparsity {params.sparsity} --seed {params.seed} --out {output} {input.masks} > {log} 2>&1"
-
-
-def client_shards(wc):
-    _, n = parse_split(wc.split)
-    return [f"{RESULTS}/shards/{wc.calib}/{wc.split}/client_{i}.safetensors" for i in range(n)]
 
 
 rule iterative:
@@ -66,9 +56,6 @@ rule iterative:
         "fedlib iterative --model {params.model} --calib {input.calib} {params.pruning} "
         "--server-group {params.group} {params.scale} --seed {params.seed} --batch-size {params.batch_size} "
         "--threads {threads} --out {output.mask} --record {output.record} > {log} 2>&1"
-
-
-FEDSPALLM = config.get("studies", {}).get("fedspallm", {})
 
 
 rule fedspallm:
