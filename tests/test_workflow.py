@@ -184,3 +184,10 @@ def test_named_study_targets_plan(tmp_path, tiny_model_dir, data_dir):
     # table12: Dense, Centralized, 1 Local-only, 2 groups x 2 scalings; table13 (local group layer):
     # Centralized, 1 Local-only, FedPrLLM layer/row/column
     assert jobs["zeroshot_dense"] == 1 and jobs["zeroshot"] == (1 + 1 + 4) + (1 + 1 + 3)
+
+
+def test_workflow_passes_snakemake_lint(tmp_path, tiny_model_dir, data_dir):
+    """The catalog's conventions (log on every rule, no hard-coded prefixes, functions out of rule files)."""
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_config(tiny_model_dir, data_dir)))
+    out = snakemake(tmp_path, "--configfile", "config.yaml", "--lint")
+    assert "Lints for" not in out, out
