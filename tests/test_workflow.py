@@ -191,3 +191,16 @@ def test_workflow_passes_snakemake_lint(tmp_path, tiny_model_dir, data_dir):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_config(tiny_model_dir, data_dir)))
     out = snakemake(tmp_path, "--configfile", "config.yaml", "--lint")
     assert "Lints for" not in out, out
+
+
+def test_fedspallm_samples_per_client_sets_the_pool(tmp_path, tiny_model_dir, data_dir):
+    """studies.fedspallm.samples_per_client gives every client that many samples (the paper's
+    setting) instead of splitting calibration.nsamples."""
+    config = tiny_config(tiny_model_dir, data_dir)
+    config["studies"] = {"fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1,
+                                       "samples_per_client": 5}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    out = snakemake(tmp_path, "fedspallm2", "--configfile", str(tmp_path / "config.yaml"), "-n", "-p")
+    seqlen = config["calibration"]["seqlen"]
+    assert f"results/pools/c4-10x{seqlen}.safetensors" in out
+    assert "--nsamples 10 " in out and "/iid-2/sparsegpt_update-0.5-layer/fedspallm.json" in out

@@ -290,21 +290,33 @@ def table5_spec():
     }
 
 
+def fedspallm_calib(clients):
+    """The calibration pool of a FedSpaLLM table: calibration.nsamples split over the clients, or
+    studies.fedspallm.samples_per_client each (the paper gives every client 32)."""
+    per_client = STUDIES.get("fedspallm", {}).get("samples_per_client")
+    c = config["calibration"]
+    return f"{c['dataset']}-{clients * per_client}x{c['seqlen']}" if per_client else None
+
+
 def fedspallm_spec(clients):
     """FedSpaLLM Tables 1-3: Random, Standalone (mean over clients' own models), FedSpaLLM."""
     f = STUDIES.get("fedspallm", {})
     standalone = [f"standalone_{i}" for i in range(min(clients, f.get("standalone_clients", 4)))]
+
+    def setting_of(**changes):
+        return _with(calib=fedspallm_calib(clients), split=f"iid-{clients}", method="sparsegpt_update",
+                     group="layer", **changes)
+
     rows = []
     for sparsity in f.get("sparsities", [0.5, 0.6, 0.7, 0.8]):
-        calib, split, prune = _with(split=f"iid-{clients}", method="sparsegpt_update", sparsity=sparsity, group="layer")
+        calib, split, prune = setting_of(sparsity=sparsity)
         rows.append({"cells": [f"{sparsity:.0%}", "Random"], "results": [eval_json(calib, split, prune, "random")]})
         rows.append({"cells": [f"{sparsity:.0%}", f"Standalone (mean ± std, {len(standalone)} clients)"],
                      "results": [eval_json(calib, split, prune, label) for label in standalone]})
         rows.append({"cells": [f"{sparsity:.0%}", "FedSpaLLM"], "results": [eval_json(calib, split, prune, "fedspallm")]})
-    calib, split, prune = _with(split=f"iid-{clients}", method="sparsegpt_update", group="layer")
     return {
         "title": f"FedSpaLLM Table analogue: {clients} clients, Random / Standalone / FedSpaLLM",
-        "context": report_context(calib, split, prune, title_extra=(
+        "context": report_context(*setting_of(), title_extra=(
             f"; SparseGPT with OBS update on every client, l0 aggregation + mask expansion, "
             f"{f.get('rounds', 1)} round(s); sparsity varied per row")),
         "columns": ["Sparsity", "Method"],
