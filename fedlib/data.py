@@ -17,9 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from fedlib.io import atomic_path
+from fedlib.io import write_safetensors
 
 TEXT_DATASETS = ("wikitext2", "ptb", "c4")
 
@@ -304,8 +303,7 @@ def mixture_pool(
 
 def save_tokens(path: Path, input_ids: torch.Tensor, **metadata) -> None:
     meta = {k: json.dumps(v) for k, v in metadata.items()}
-    with atomic_path(path) as tmp:
-        save_file({"input_ids": input_ids.to(torch.int32).contiguous()}, str(tmp), metadata=meta)
+    write_safetensors(path, {"input_ids": input_ids.to(torch.int32)}, meta)
 
 
 def load_tokens(path: Path) -> tuple[torch.Tensor, dict]:

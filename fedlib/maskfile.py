@@ -29,11 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from fedlib import __version__
 from fedlib.groups import GROUPS, expected_pruned, group_sparsity, parse_nm
-from fedlib.io import atomic_path
+from fedlib.io import write_safetensors
 from fedlib.models import LayerInfo
 
 FORMAT = "fedlib-mask"
@@ -143,8 +142,7 @@ def write_mask_file(
     if extra:
         metadata.update({f"x_{k}": str(v) for k, v in extra.items()})
     tensors.update({k: v.contiguous() for k, v in payload.items()})
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+    write_safetensors(path, tensors, metadata)
 
 
 def _field(meta: dict, key: str, path: Path, convert=str):
