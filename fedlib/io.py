@@ -50,20 +50,20 @@ def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata:
     mask got a different sha256 on every run; here the header is JSON with sorted keys and the
     tensors are laid out in name order (little-endian, as the format requires)."""
     header: dict = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}} if metadata else {}
-    blobs, offset = [], 0
+    views, offset = [], 0
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
         if t.dtype not in SAFETENSORS_DTYPES:
             raise TypeError(f"{path}: tensor {name!r} has dtype {t.dtype}, which safetensors cannot store")
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        data = t.reshape(-1).view(torch.uint8).numpy()  # a view of the tensor's bytes, not a copy
         header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
+                        "data_offsets": [offset, offset + data.nbytes]}
+        views.append(data)
+        offset += data.nbytes
     raw = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # the format aligns the data start to 8 bytes
     with atomic_path(path) as tmp, open(tmp, "wb") as out:
         out.write(len(raw).to_bytes(8, "little"))
         out.write(raw)
-        for data in blobs:
-            out.write(data)
+        for data in views:
+            out.write(data.data)

@@ -141,7 +141,7 @@ def write_mask_file(
     }
     if extra:
         metadata.update({f"x_{k}": str(v) for k, v in extra.items()})
-    tensors.update({k: v.contiguous() for k, v in payload.items()})
+    tensors.update(payload)
     write_safetensors(path, tensors, metadata)
 
 

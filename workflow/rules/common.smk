@@ -203,8 +203,6 @@ def client_shards(wc):
 
 
 FEDSPALLM = config.get("studies", {}).get("fedspallm", {})
-
-
 EVAL_WINDOWS = expand(f"{RESULTS}/eval_windows/{{dataset}}.safetensors", dataset=EVAL["datasets"])
 
 
@@ -217,13 +215,12 @@ def evaluation_inputs(wc):
     return {"model": MODEL_READY, "windows": EVAL_WINDOWS, "variant": variant_of(wc)[0]}
 
 
+# zero-shot: results/zeroshot/ mirrors results/eval/ (same variants, lm-eval accuracy)
 ZEROSHOT = config.get("zeroshot", {})
 ZEROSHOT_TASKS = ZEROSHOT.get("tasks", ["boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa"])
 ZEROSHOT_LIMIT = ZEROSHOT.get("limit", 20)  # the schema default; null = full splits
 # the local task files, so a changed file reruns the evaluation (none when loading from the hub)
 ZEROSHOT_DATA = [f"{config['data_dir']}/zeroshot/{task}.jsonl" for task in ZEROSHOT_TASKS] if config["data_dir"] else []
-
-
 
 
 def zeroshot_inputs(wc):
