@@ -187,9 +187,10 @@ def report_context(calib, split, prune, title_extra=""):
 
 # Inputs and parameters of the rules in clients, server, evaluate and zeroshot.smk.
 
-def mask_args(wc):
+def mask_args(wc, group_flag="--group"):
+    """CLI arguments of a client's pruning, from the prune wildcard."""
     method, sparsity, group = parse_prune(wc.prune)
-    return f"--method {method} --sparsity {sparsity} --group {group_arg(group)}"
+    return f"--method {method} --sparsity {sparsity} {group_flag} {group_arg(group)}"
 
 
 def client_masks(wc):

@@ -37,8 +37,7 @@ rule iterative:
         run=r"iterative|iterative-scaled",
     params:
         model=model_folder,
-        pruning=lambda wc: "--method {} --sparsity {} --local-group {}".format(
-            parse_prune(wc.prune)[0], parse_prune(wc.prune)[1], group_arg(parse_prune(wc.prune)[2])),
+        pruning=lambda wc: mask_args(wc, group_flag="--local-group"),
         group=lambda wc: group_arg(wc.group),
         scale=lambda wc: "--scale" if wc.run == "iterative-scaled" else "",
         seed=config["seed"],
