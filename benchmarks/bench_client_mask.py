@@ -12,14 +12,14 @@ import torch
 
 from common import DATA_DIR, load_bench_model, median, timed, write
 from fedlib.data import calibration_windows
-from fedlib.recursion import LayerwiseRunner, prune_locally
+from fedlib.runner import BlockRunner, prune_locally
 
 
 def two_dense_passes(model, ids, batch_size):
     for _ in range(2):
-        runner = LayerwiseRunner(model, ids, batch_size)
-        for _ in range(len(runner.blocks)):
-            runner.advance()
+        runner = BlockRunner(model, [ids], batch_size=batch_size)
+        for step in runner.steps():
+            step.propagate(0)
 
 
 def main() -> None:

@@ -33,6 +33,24 @@ def _data_dir(value: str | None) -> Path | None:
     return None if value in (None, "", "hub") else Path(value)
 
 
+def add_placement_arguments(p) -> None:
+    """``--device`` / ``--dtype`` of every verb that runs a model."""
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and activations; statistics that decide masks stay float32/float64")
+
+
+def open_placed(args):
+    """(model handle, placement) from ``--model``, ``--device``, ``--dtype`` (and ``--threads``)."""
+    from fedlib.models import open_model
+    from fedlib.runner import Placement
+
+    _threads(args)
+    placement = Placement.resolve(args.device, args.dtype)
+    return open_model(args.model, placement.dtype), placement
+
+
 # --------------------------------------------------------------------------- verbs
 
 
@@ -84,63 +102,67 @@ def cmd_client_data(args) -> None:
 
 def cmd_client_mask(args) -> None:
     from fedlib.data import load_tokens
-    from fedlib.maskfile import write_mask_file
+    from fedlib.maskfile import MaskWriter
     from fedlib.methods import method_allocation
-    from fedlib.models import fingerprint, load_model, prunable_layers
-    from fedlib.recursion import prune_locally
+    from fedlib.runner import prune_locally
 
-    _threads(args)
     start = time.perf_counter()
-    model, _ = load_model(args.model)
+    handle, placement = open_placed(args)
     ids = None
     if args.calib:
         ids, _ = load_tokens(Path(args.calib))
     options = json.loads(args.method_options) if args.method_options else None
-    result = prune_locally(model, ids, args.method, args.sparsity, args.group, args.seed,
-                           batch_size=args.batch_size, method_options=options)
-    write_mask_file(
-        Path(args.out), result.masks, prunable_layers(model),
-        fingerprint=fingerprint(model), role="client", client_id=args.client_id,
+    layers = handle.layers()
+    with MaskWriter(
+        Path(args.out), layers, fingerprint=handle.fingerprint(), role="client", client_id=args.client_id,
         method=args.method, group=args.group, sparsity=args.sparsity,
-        allocation=method_allocation(args.method),
-        n_samples=0 if ids is None else ids.shape[0], seed=args.seed,
-        extra={"method_options": json.dumps(options or {})},
-    )
-    print(f"wrote {args.out} ({args.method}, {args.group}, {args.sparsity}) "
-          f"in {time.perf_counter() - start:.1f}s")
+        allocation=method_allocation(args.method), n_samples=0 if ids is None else ids.shape[0],
+        seed=args.seed, extra={"method_options": json.dumps(options or {}), "dtype": args.dtype},
+    ) as writer:
+        # masks go to the file block by block: a 7B client never holds all of them
+        opened = time.perf_counter()
+        prune_locally(handle, ids, args.method, args.sparsity, args.group, args.seed,
+                      batch_size=args.batch_size, method_options=options, placement=placement, keep=False,
+                      on_block=lambda _i, decision: [writer.add(n, m) for n, m in decision.masks.items()])
+    done = time.perf_counter()
+    print(f"wrote {args.out} ({args.method}, {args.group}, {args.sparsity}) on {placement.label} "
+          f"in {done - start:.1f}s ({(done - opened) / handle.n_blocks:.2f}s per block)")
 
 
 def cmd_aggregate(args) -> None:
-    from fedlib.models import fingerprint, load_model, prunable_layers
+    from fedlib.models import open_model
     from fedlib.server import STRATEGIES
 
-    model, _ = load_model(args.model)
+    handle = open_model(args.model)  # only its fingerprint and layer list: no block is read
     strategy = STRATEGIES[args.strategy](group=args.group, sparsity=args.sparsity, seed=args.seed)
-    summary = strategy.aggregate([Path(p) for p in args.masks], fingerprint(model),
-                                 prunable_layers(model), Path(args.out))
+    summary = strategy.aggregate([Path(p) for p in args.masks], handle.fingerprint(), handle.layers(),
+                                 Path(args.out))
     print(f"wrote {args.out}: {summary}")
 
 
 def cmd_iterative(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.federation import iterative_prune
-    from fedlib.maskfile import write_mask_file
+    from fedlib.maskfile import MaskWriter
     from fedlib.methods import method_allocation
-    from fedlib.models import fingerprint, load_model, prunable_layers
 
-    _threads(args)
     start = time.perf_counter()
-    model, _ = load_model(args.model)
+    handle, placement = open_placed(args)
     clients = [load_tokens(Path(p))[0] for p in args.calib]
-    result = iterative_prune(model, clients, args.method, args.sparsity, args.local_group,
-                             args.server_group, args.seed, args.batch_size, scale=args.scale)
-    write_mask_file(
-        Path(args.out), result.masks, prunable_layers(model), fingerprint=fingerprint(model),
-        role="global", client_id="server", method=f"fedprllm-iterative[{args.method}]",
-        group=args.server_group, sparsity=args.sparsity, allocation=method_allocation(args.method),
-        n_samples=sum(c.shape[0] for c in clients),
-        seed=args.seed, n_clients=len(clients), votes=result.votes,
-    )
+    options = json.loads(args.method_options) if args.method_options else None
+    with MaskWriter(
+        Path(args.out), handle.layers(), fingerprint=handle.fingerprint(), role="global", client_id="server",
+        method=f"fedprllm-iterative[{args.method}]", group=args.server_group, sparsity=args.sparsity,
+        allocation=method_allocation(args.method), n_samples=sum(c.shape[0] for c in clients),
+        seed=args.seed, n_clients=len(clients), votes=True,
+    ) as writer:
+        def write_round(_record, global_masks, votes):
+            for name, mask in global_masks.items():
+                writer.add(name, mask, votes[name])
+
+        result = iterative_prune(handle, clients, args.method, args.sparsity, args.local_group,
+                                 args.server_group, args.seed, args.batch_size, method_options=options,
+                                 scale=args.scale, placement=placement, keep=False, on_round=write_round)
     _write_json(Path(args.record), {
         "n_clients": len(clients), "rounds": len(result.rounds), "scale": args.scale,
         "bytes_up": result.bytes_up, "bytes_down": result.bytes_down,
@@ -153,34 +175,37 @@ def cmd_iterative(args) -> None:
 
 
 def cmd_fedspallm(args) -> None:
+    import contextlib
+
     from fedlib.data import load_tokens
     from fedlib.federation import fedspallm_prune
-    from fedlib.models import fingerprint, load_model, prunable_layers
-    from fedlib.server.fedspallm import FedSpaLLM, write_weight_file
+    from fedlib.server.fedspallm import FedSpaLLM, WeightFileWriter, write_weight_file
 
-    _threads(args)
     start = time.perf_counter()
-    model, _ = load_model(args.model)
-    layers, base = prunable_layers(model), fingerprint(model)
+    handle, placement = open_placed(args)
+    layers, base = handle.layers(), handle.fingerprint()
     clients = [load_tokens(Path(p))[0] for p in args.calib]
     strategy = FedSpaLLM(group=args.group, sparsity=args.sparsity, seed=args.seed, rounds=args.rounds,
                          resources=tuple(args.resources) if args.resources else None,
                          weight_dtype=args.weight_dtype)
     standalone = list(args.standalone_out or [])
-
-    def keep_standalone(round_index, client, upload):
-        # a client's upload in round 0 of an all-blocks run is its Standalone model
-        if round_index == 0 and client < len(standalone):
-            write_weight_file(Path(standalone[client]), upload.masks, upload.weights, layers,
-                              fingerprint=base, role="client", client_id=str(client),
-                              method=strategy.method, group=args.group, sparsity=args.sparsity,
-                              n_samples=clients[client].shape[0], seed=args.seed,
-                              weight_dtype=args.weight_dtype)
-
     if standalone and args.resources:
         raise SystemExit("--standalone-out needs every client to prune every block (no --resources)")
-    result = fedspallm_prune(model, clients, strategy, batch_size=args.batch_size,
-                             on_client=keep_standalone if standalone else None)
+    with contextlib.ExitStack() as stack:
+        # a client's uploads in round 0 of an all-blocks run are its Standalone model, streamed
+        writers = [stack.enter_context(WeightFileWriter(
+            Path(path), layers, fingerprint=base, role="client", client_id=str(client),
+            method=strategy.method, group=args.group, sparsity=args.sparsity,
+            n_samples=clients[client].shape[0], seed=args.seed, weight_dtype=args.weight_dtype))
+            for client, path in enumerate(standalone)]
+
+        def keep_standalone(round_index, client, _index, upload):
+            if round_index == 0 and client < len(writers):
+                for name, mask in upload.masks.items():
+                    writers[client].add_layer(name, mask, upload.weights[name])
+
+        result = fedspallm_prune(handle, clients, strategy, batch_size=args.batch_size, placement=placement,
+                                 on_upload=keep_standalone if writers else None)
     pruned = [info for info in layers if info.name in result.weights]
     write_weight_file(Path(args.out), result.masks, result.weights, pruned, fingerprint=base,
                       role="global", client_id="server", method="fedspallm", group=args.group,
@@ -199,13 +224,13 @@ def cmd_fedspallm(args) -> None:
 
 def cmd_random_mask(args) -> None:
     from fedlib.maskfile import write_mask_file
-    from fedlib.models import fingerprint, load_model, prunable_layers
+    from fedlib.models import open_model
     from fedlib.server.fedspallm import random_masks
 
-    model, _ = load_model(args.model)
-    layers = prunable_layers(model)
+    handle = open_model(args.model)
+    layers = handle.layers()
     write_mask_file(Path(args.out), random_masks(layers, args.sparsity, args.seed, args.group), layers,
-                    fingerprint=fingerprint(model), role="global", client_id="random", method="random",
+                    fingerprint=handle.fingerprint(), role="global", client_id="random", method="random",
                     group=args.group, sparsity=args.sparsity, seed=args.seed)
     print(f"wrote {args.out}")
 
@@ -227,37 +252,34 @@ def cmd_eval_windows(args) -> None:
 
 def cmd_evaluate(args) -> None:
     from fedlib.data import load_tokens
-    from fedlib.evaluate.perplexity import perplexity
-    from fedlib.pruned import load_variant, measured_sparsity
+    from fedlib.evaluate.perplexity import perplexities
+    from fedlib.pruned import Variant
 
-    _threads(args)
     start = time.perf_counter()
-    model, _, base_fingerprint, applied = load_variant(args.model, args.mask, args.scale, args.weights)
+    handle, placement = open_placed(args)
+    variant = Variant(handle, args.mask, args.scale, args.weights)
+    loaded = [load_tokens(Path(path)) for path in args.windows]
+    rows, sparsity = perplexities(handle, [ids for ids, _ in loaded], args.batch_size, placement=placement,
+                                  variant=variant.decision)
     results = {}
-    for path in args.windows:
-        ids, meta = load_tokens(Path(path))
-        row = perplexity(model, ids, batch_size=args.batch_size)
+    for (ids, meta), row in zip(loaded, rows):
         row.update(total_windows=meta.get("total_windows"), seqlen=int(ids.shape[1]), note=meta.get("note", ""))
         results[meta["dataset"]] = row
         print(f"{args.label} {meta['dataset']}: ppl {row['ppl']:.3f} on {row['windows']} windows")
     _write_json(Path(args.out), {
-        "label": args.label, "mask": args.mask, "model_fingerprint": base_fingerprint, "scale": bool(args.scale), "applied": applied,
-        "measured_sparsity": measured_sparsity(model), "perplexity": results,
-        "seconds": time.perf_counter() - start,
+        "label": args.label, "mask": args.mask, "model_fingerprint": handle.fingerprint(), "scale": bool(args.scale),
+        "applied": variant.summary(), "measured_sparsity": sparsity, "perplexity": results,
+        "device": str(placement.device), "dtype": args.dtype, "seconds": time.perf_counter() - start,
     })
 
 
 def cmd_export(args) -> None:
-    from fedlib.models import load_model
-    from fedlib.pruned import apply_mask_file
+    from fedlib.models import open_model
+    from fedlib.pruned import Variant, export_checkpoint
 
-    model, tokenizer = load_model(args.model)
-    applied = apply_mask_file(model, Path(args.mask), scale=args.scale)
-    out = Path(args.out)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    _write_json(out / "fedlib_export.json", {"base_model": args.model, "mask": args.mask, **applied})
-    print(f"wrote {out}")
+    handle = open_model(args.model)
+    record = export_checkpoint(handle, Variant(handle, args.mask, args.scale), Path(args.out), args.model)
+    print(f"wrote {args.out}: {record}")
 
 
 def cmd_inspect(args) -> None:
@@ -329,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method-options", help='JSON of method options, e.g. \'{"lam": 0.08}\' for OWL')
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
+    add_placement_arguments(p)
     p.add_argument("--out", required=True)
 
     p = verb("aggregate", cmd_aggregate, "server: aggregate client mask files into the global mask")
@@ -349,9 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-group", default="row")
     p.add_argument("--server-group", default="layer")
     p.add_argument("--scale", action="store_true", help="clients continue from the scaled global block")
+    p.add_argument("--method-options", help="JSON of method options (as client-mask)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
+    add_placement_arguments(p)
     p.add_argument("--out", required=True, help="global mask file (with vote counts)")
     p.add_argument("--record", required=True, help="JSON: bytes and seconds per round")
 
@@ -367,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
+    add_placement_arguments(p)
     p.add_argument("--standalone-out", nargs="*", help="weight files for the first clients' own models")
     p.add_argument("--out", required=True, help="global weight file")
     p.add_argument("--record", required=True, help="JSON: bytes and seconds per round")
@@ -396,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", default="model")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
+    add_placement_arguments(p)
     p.add_argument("--out", required=True)
 
     from fedlib.evaluate import zeroshot_cli

@@ -9,10 +9,11 @@ FedPrLLM (Sections 3.2.3 and 4.2.3 of the paper)
     statistics from its own activations, which went through the *global* masks of blocks < l,
     decides its local masks, and uploads them; the server sums and selects (same function as
     one-shot: :func:`fedlib.server.fedprllm.global_mask_from_votes`) and broadcasts the global
-    masks; every client propagates its activations through block l under the global mask. Each
-    client keeps one :class:`~fedlib.recursion.LayerwiseRunner` for the whole run, so each block
-    is run twice per client (statistics, propagation) exactly as in one-shot: the client compute
-    is the same, only the server's selection sits between the two passes.
+    masks; every client propagates its activations through block l under the global mask. All
+    clients' activations ride on one :class:`~fedlib.runner.BlockRunner`, so each block is made
+    resident once per round and run twice per client (statistics, propagation) exactly as in
+    one-shot: the client compute is the same, only the server's selection sits between the two
+    passes.
     With ``scale=True`` the global block l is ``W ⊙ (1 - M) ⊙ (m - M̂)/m`` and clients propagate
     through that (as the official FedPrLLM code does), so the broadcast carries the vote counts
     too. Methods with a weight update (``sparsegpt_update``) only contribute masks: the FedPrLLM
@@ -26,7 +27,8 @@ FedPrLLM (Sections 3.2.3 and 4.2.3 of the paper)
 
 FedSpaLLM (see :mod:`fedlib.server.fedspallm` for aggregation, expansion and sampling)
     :func:`fedspallm_client` is one client's round; :func:`fedspallm_prune` simulates T rounds with
-    N clients, streaming every upload into per-layer ℓ0 accumulators.
+    N clients side by side on one runner per round, streaming every upload into per-layer ℓ0
+    accumulators that are aggregated as soon as the block is done.
 
 Communication accounting (:func:`communication_cost`), two conventions, always labelled:
     ``*_bytes``: what fedlib actually transmits for masks, 1 bit per weight packed 8 per byte
@@ -51,10 +53,9 @@ import torch
 from torch import nn
 
 from fedlib.methods import get_method, method_allocation
-from fedlib.models import LayerInfo, block_linears, block_path, decoder_blocks, prunable_layers
-from fedlib.recursion import (
-    BlockDecision, LayerwiseRunner, block_sparsity, decide_block, plan_sparsity, prune_locally,
-    weights_replaced,
+from fedlib.models import LayerInfo, ModelHandle
+from fedlib.runner import (
+    CPU, BlockDecision, BlockRunner, Placement, block_sparsity, decide_block, plan_sparsity, prune_locally,
 )
 from fedlib.server.fedprllm import global_mask_from_votes, planned_sparsity, scale_factors
 from fedlib.server.fedspallm import FedSpaLLM, L0Accumulator, uncovered_blocks
@@ -190,13 +191,8 @@ def communication_cost(layers: Sequence[LayerInfo], n_clients: int, mode: str, s
 # --------------------------------------------------------------------------- FedPrLLM
 
 
-def _block_linears(model: nn.Module, index: int) -> dict[str, nn.Linear]:
-    prefix = f"{block_path(model)}.{index}"
-    return {f"{prefix}.{local}": linear for local, linear in block_linears(decoder_blocks(model)[index]).items()}
-
-
 def iterative_prune(
-    model: nn.Module,
+    model: nn.Module | ModelHandle,
     client_input_ids: Sequence[torch.Tensor | None],
     method: str,
     sparsity: float | Mapping[str, float],
@@ -208,8 +204,10 @@ def iterative_prune(
     method_options: Mapping | None = None,
     scale: bool = False,
     keep_round_masks: bool = False,
-    on_round: Callable[[RoundRecord], None] | None = None,
+    on_round: Callable[[RoundRecord, dict, dict], None] | None = None,
     server_sparsity: float | Mapping[str, float] | None = None,
+    placement: Placement = CPU,
+    keep: bool = True,
 ) -> FederatedResult:
     """Iterative FedPrLLM: one round per decoder block (module docstring).
 
@@ -218,40 +216,43 @@ def iterative_prune(
     every client; with ``keep_round_masks`` also each client's local masks and the global masks
     of that round). The server prunes each layer at ``server_sparsity`` when given, else as the
     module docstring says (the clients' mean for OWL / BESA, ``sparsity`` otherwise).
+    ``on_round`` sees each round's record with its global masks and votes; with ``keep=False``
+    the result keeps neither (a large model streams them to the mask file instead).
     The model is left unchanged.
     """
     n = len(client_input_ids)
     if n == 0:
         raise ValueError("iterative pruning needs at least one client")
+    handle = ModelHandle.of(model)
     factory = get_method(method)
     options = dict(method_options or {})
-    runners = None
     client_sparsity = [sparsity] * n
+    inputs = []
     if factory.needs_calibration:
         if any(ids is None for ids in client_input_ids):
             raise ValueError(f"method {method!r} needs calibration data for every client")
-        # OWL-style planned ratios: each client plans on its own data, before its runner
+        # OWL-style planned ratios: each client plans on its own data, before the pruning pass
         client_sparsity = [
-            plan_sparsity(factory, model, ids, sparsity, local_group, options, batch_size)
+            plan_sparsity(factory, handle, ids, sparsity, local_group, options, batch_size, placement)
             for ids in client_input_ids
         ]
-        runners = [LayerwiseRunner(model, ids, batch_size) for ids in client_input_ids]
-    n_blocks = len(decoder_blocks(model))
+        inputs = list(client_input_ids)
+    runner = BlockRunner(handle, inputs, placement, batch_size)
     result = FederatedResult("iterative", {}, {}, n)
-    for index in range(n_blocks):
-        linears = _block_linears(model, index)
-        infos = [LayerInfo(name, tuple(lin.weight.shape), index) for name, lin in linears.items()]
+    for step in runner.steps():
+        index = step.index
+        infos = [LayerInfo(name, tuple(lin.weight.shape), index) for name, lin in step.linears.items()]
         record = _round_cost(index, [index], infos, n, down=True, scale=scale)
-        votes = {name: torch.zeros(info.shape, dtype=torch.int16) for name, info in zip(linears, infos)}
+        votes = {info.name: torch.zeros(info.shape, dtype=torch.int16) for info in infos}
         kept_masks = [] if keep_round_masks else None
         t_clients = 0.0
         for c in range(n):
             start = time.perf_counter()
-            pruners = {name: factory(linear, name, **options) for name, linear in linears.items()}
+            pruners = {name: factory(linear, name, **options) for name, linear in step.linears.items()}
             ratios = client_sparsity[c]
-            if runners is not None:
-                runners[c].collect(pruners)
-                ratios = block_sparsity(factory, runners[c], pruners, ratios, local_group, seed, options)
+            if runner.n_clients:
+                step.collect(c, pruners)
+                ratios = block_sparsity(factory, step, c, pruners, ratios, local_group, seed, options)
             decision = decide_block(pruners, ratios, local_group, seed)
             del pruners
             for name, mask in decision.masks.items():
@@ -263,32 +264,24 @@ def iterative_prune(
         global_masks = {
             name: global_mask_from_votes(votes[name], _server_target(votes[name], n, method, sparsity, name,
                                                                      server_sparsity), server_group, seed, name)
-            for name in linears
+            for name in step.linears
         }
-        weights = {}
-        if scale:
-            weights = {
-                name: lin.weight.detach() * scale_factors(votes[name], n).to(lin.weight.dtype)
-                for name, lin in linears.items()
-            }
-        decision = BlockDecision(masks=global_masks, weights=weights)
+        factors = {name: scale_factors(votes[name], n) for name in step.linears} if scale else {}
         record.seconds_server = time.perf_counter() - start
         start = time.perf_counter()
-        if runners is not None:
-            for runner in runners:
-                if index + 1 < n_blocks:
-                    runner.advance(decision)
-                else:
-                    runner.index += 1  # the last block's outputs are not needed
+        broadcast = BlockDecision(masks=global_masks, factors=factors)
+        for c in range(runner.n_clients):
+            step.propagate(c, broadcast)
         t_clients += time.perf_counter() - start
         record.seconds_clients = t_clients
         if keep_round_masks:
             record.client_masks, record.global_masks = kept_masks, global_masks
-        result.masks.update(global_masks)
-        result.votes.update(votes)
+        if keep:
+            result.masks.update(global_masks)
+            result.votes.update(votes)
         result.rounds.append(record)
         if on_round is not None:
-            on_round(record)
+            on_round(record, global_masks, votes)
     return result
 
 
@@ -304,13 +297,15 @@ def one_shot_prune(
     *,
     method_options: Mapping | None = None,
     keep_client_masks: bool = False,
+    placement: Placement = CPU,
 ) -> FederatedResult:
     """One-shot FedPrLLM in memory: every client runs :func:`prune_locally`, votes are summed
     as blocks finish (client masks are not kept unless asked), the server selects per layer."""
     n = len(client_input_ids)
     if n == 0:
         raise ValueError("one-shot pruning needs at least one client")
-    layers = prunable_layers(model)
+    handle = ModelHandle.of(model)
+    layers = handle.layers()
     votes = {info.name: torch.zeros(info.shape, dtype=torch.int16) for info in layers}
     record = communication_cost(layers, n, "one-shot").rounds[0]
     kept = [] if keep_client_masks else None
@@ -321,8 +316,9 @@ def one_shot_prune(
 
     for ids in client_input_ids:
         start = time.perf_counter()
-        local = prune_locally(model, ids, method, sparsity, local_group, seed, batch_size,
-                              method_options, on_block=add if kept is None else None)
+        local = prune_locally(handle, ids, method, sparsity, local_group, seed, batch_size,
+                              method_options, on_block=add if kept is None else None,
+                              placement=placement, keep=kept is not None)
         if kept is not None:
             add(-1, local)
             kept.append(local.masks)
@@ -342,8 +338,68 @@ def one_shot_prune(
 # --------------------------------------------------------------------------- FedSpaLLM
 
 
+def _fedspallm_round(
+    handle: ModelHandle,
+    inputs: Sequence[torch.Tensor],
+    blocks: Sequence[Sequence[int]],
+    sparsity: float | Mapping[str, float],
+    seed: int,
+    *,
+    group: str,
+    batch_size: int,
+    method: str,
+    method_options: Mapping | None,
+    global_weights: Mapping[str, torch.Tensor],
+    global_masks: Mapping[str, torch.Tensor],
+    on_block: Callable[[int, int, BlockDecision], None],
+    placement: Placement,
+    after_block: Callable[[int], None] | None = None,
+) -> list[float]:
+    """One FedSpaLLM round of every client in ``inputs`` on one :class:`BlockRunner` (each
+    block is made resident once for all of them): client ``c`` prunes ``blocks[c]`` starting
+    from the current global weights of those blocks (SparseGPT with its OBS update by default);
+    its activations pass through its own pruned version of sampled blocks and the dense base
+    weights of unsampled ones (Eq. 9); nothing after its last sampled block is run.
+    ``on_block(client, index, decision)`` receives each upload (masks and weights of every
+    linear of the block, 0 where pruned, on the host); ``after_block(index)`` runs once every
+    client is done with the block. Returns each client's compute seconds."""
+    factory = get_method(method)  # any method works; without an update the upload is the masked weights
+    options = dict(method_options or {})
+    sampled = [sorted(set(int(b) for b in client_blocks)) for client_blocks in blocks]
+    ratios = [
+        plan_sparsity(factory, handle, ids, sparsity, group, options, batch_size, placement) if s else sparsity
+        for ids, s in zip(inputs, sampled)
+    ]
+    last = [s[-1] if s else -1 for s in sampled]
+    seconds = [0.0] * len(inputs)
+    if max(last, default=-1) < 0:
+        return seconds
+    runner = BlockRunner(handle, inputs, placement, batch_size)
+    for step in runner.steps(max(last) + 1):
+        for c in range(runner.n_clients):
+            if step.index > last[c]:
+                continue
+            start = time.perf_counter()
+            decision = None
+            if step.index in sampled[c]:
+                with step.weights_replaced(masks=global_masks, weights=global_weights):
+                    pruners = {name: factory(linear, name, **options) for name, linear in step.linears.items()}
+                    step.collect(c, pruners)
+                    block_ratios = block_sparsity(factory, step, c, pruners, ratios[c], group, seed, options)
+                    decision = decide_block(pruners, block_ratios, group, seed, upload_weights=True)
+                    del pruners
+            if step.index < last[c]:
+                step.propagate(c, decision)  # None: Eq. 9, unsampled blocks stay dense on the client
+            seconds[c] += time.perf_counter() - start
+            if decision is not None:
+                on_block(c, step.index, decision)
+        if after_block is not None:
+            after_block(step.index)
+    return seconds
+
+
 def fedspallm_client(
-    model: nn.Module,
+    model: nn.Module | ModelHandle,
     input_ids: torch.Tensor,
     blocks: Sequence[int],
     sparsity: float | Mapping[str, float],
@@ -357,44 +413,25 @@ def fedspallm_client(
     global_masks: Mapping[str, torch.Tensor] | None = None,
     on_block: Callable[[int, BlockDecision], None] | None = None,
     keep: bool = True,
+    placement: Placement = CPU,
 ) -> BlockDecision:
-    """One FedSpaLLM client round: prune ``blocks`` (SparseGPT with its OBS update by default)
-    starting from the current global weights of those blocks (``global_weights`` /
-    ``global_masks``; dense base weights where absent). Activations pass through the client's
-    own pruned version of sampled blocks and the dense base weights of unsampled ones (Eq. 9);
-    nothing after the last sampled block is run. Returns (when ``keep``) masks and updated
-    weights (0 where pruned) of the sampled blocks' linears; ``on_block`` streams them."""
-    sampled = sorted(set(int(b) for b in blocks))
-    if not sampled:
-        return BlockDecision(masks={})
-    factory = get_method(method)  # any method works; without an update the upload is the masked weights
-    options = dict(method_options or {})
-    global_weights, global_masks = global_weights or {}, global_masks or {}
-    sparsity = plan_sparsity(factory, model, input_ids, sparsity, group, options, batch_size)
-    runner = LayerwiseRunner(model, input_ids, batch_size)
+    """One FedSpaLLM client round (see :func:`_fedspallm_round`): prune ``blocks`` starting
+    from ``global_weights`` / ``global_masks`` (dense base weights where absent). Returns (when
+    ``keep``) masks and updated weights (0 where pruned) of the sampled blocks' linears;
+    ``on_block`` streams them."""
     result = BlockDecision(masks={})
-    last = sampled[-1]
-    for index in range(last + 1):
-        if index not in sampled:
-            runner.advance(None)  # Eq. 9: unsampled blocks stay dense on the client
-            continue
-        linears = runner.linears()
-        with weights_replaced(linears, global_masks, global_weights):
-            pruners = {name: factory(linear, name, **options) for name, linear in linears.items()}
-            runner.collect(pruners)
-            ratios = block_sparsity(factory, runner, pruners, sparsity, group, seed, options)
-            decision = decide_block(pruners, ratios, group, seed)
-            for name, pruner in pruners.items():
-                if name not in decision.weights:  # mask-only method: the masked current weights
-                    decision.weights[name] = pruner.layer.weight.detach().float().cpu().masked_fill(decision.masks[name], 0.0)
-        del pruners
-        if index < last:
-            runner.advance(decision)
+
+    def upload(_client: int, index: int, decision: BlockDecision) -> None:
         if keep:
             result.masks.update(decision.masks)
             result.weights.update(decision.weights)
         if on_block is not None:
             on_block(index, decision)
+
+    _fedspallm_round(ModelHandle.of(model), [input_ids], [blocks], sparsity, seed, group=group,
+                     batch_size=batch_size, method=method, method_options=method_options,
+                     global_weights=global_weights or {}, global_masks=global_masks or {},
+                     on_block=upload, placement=placement)
     return result
 
 
@@ -433,19 +470,23 @@ def fedspallm_prune(
     batch_size: int = 8,
     method_options: Mapping | None = None,
     allow_uncovered: bool = False,
-    on_client: Callable[[int, int, BlockDecision], None] | None = None,
+    on_upload: Callable[[int, int, int, BlockDecision], None] | None = None,
+    placement: Placement = CPU,
 ) -> FedSpaLLMResult:
     """Simulate ``strategy.rounds`` FedSpaLLM rounds (Algorithm 1) with one client per entry of
     ``client_input_ids``. Clients run ``strategy.method`` with ``client_group`` at
     ``strategy.sparsity``; the server ℓ0-aggregates and expands each block over the clients
     that sampled it in that round. Uploads are rounded to ``strategy.weight_dtype`` as a real
     upload would be. Raises if some block is never sampled unless ``allow_uncovered``.
-    ``on_client(round, client, decision)`` sees each client's full upload (its Standalone model
-    in a one-round, all-blocks run) before it is dropped."""
+    ``on_upload(round, client, block, decision)`` sees each client's upload of each block (in a
+    one-round, all-blocks run, a client's uploads are its Standalone model) before it is dropped.
+    Clients run side by side on one :class:`~fedlib.runner.BlockRunner` per round, so each block is
+    resident once per round and aggregated as soon as every client is done with it."""
     n = len(client_input_ids)
     if n == 0:
         raise ValueError("FedSpaLLM needs at least one client")
-    infos = prunable_layers(model)
+    handle = ModelHandle.of(model)
+    infos = handle.layers()
     by_block: dict[int, list[LayerInfo]] = {}
     for info in infos:
         by_block.setdefault(info.block, []).append(info)
@@ -467,35 +508,36 @@ def fedspallm_prune(
     for t, row in enumerate(assignments):
         accs: dict[str, L0Accumulator] = {}
         rec = FedSpaLLMRound(t, [list(b) for b in row], sorted({b for blocks in row for b in blocks}), 0, 0)
-        for c, blocks in enumerate(row):
+        for blocks in row:
             sizes = [(info.name, info.shape[0] * info.shape[1]) for b in blocks for info in by_block[b]]
             rec.bytes_up += sum(n * wbytes + packed_bytes(n) for _, n in sizes)
             # a block still dense is in the client's cached model: only aggregated ones are sent
             rec.bytes_down += sum(n * wbytes + packed_bytes(n) for name, n in sizes if name in gweights)
+        by_name = {info.name: info.block for info in infos}
+
+        def stream(client: int, index: int, decision: BlockDecision, t=t) -> None:
+            for name, mask in decision.masks.items():
+                if name not in accs:
+                    accs[name] = L0Accumulator(tuple(mask.shape), name)
+                accs[name].add(mask, decision.weights[name].to(dtype))
+            if on_upload is not None:
+                on_upload(t, client, index, decision)
+
+        def aggregate(index: int) -> None:
+            # the block's uploads are all in: aggregate it now, so accumulators never outlive a block
             start = time.perf_counter()
+            for name in [name for name in accs if by_name[name] == index]:
+                gweights[name], gmasks[name], gvotes[name] = accs.pop(name).finish(
+                    strategy.sparsity, strategy.group, strategy.seed, strategy.rounding)
+            rec.seconds_server += time.perf_counter() - start
 
-            def stream(_index: int, decision: BlockDecision) -> None:
-                for name, mask in decision.masks.items():
-                    if name not in accs:
-                        accs[name] = L0Accumulator(tuple(mask.shape), name)
-                    accs[name].add(mask, decision.weights[name].to(dtype))
-
-            upload = fedspallm_client(
-                model, client_input_ids[c], blocks, strategy.sparsity, strategy.seed,
-                group=client_group, batch_size=batch_size, method=strategy.method,
-                method_options=method_options, global_weights=gweights, global_masks=gmasks,
-                on_block=stream, keep=on_client is not None,
-            )
-            if on_client is not None:
-                on_client(t, c, upload)
-            del upload
-            rec.seconds_clients += time.perf_counter() - start
-        start = time.perf_counter()
-        for name, acc in accs.items():
-            gweights[name], gmasks[name], gvotes[name] = acc.finish(
-                strategy.sparsity, strategy.group, strategy.seed, strategy.rounding)
-        del accs
-        rec.seconds_server = time.perf_counter() - start
+        seconds = _fedspallm_round(
+            handle, list(client_input_ids), row, strategy.sparsity, strategy.seed, group=client_group,
+            batch_size=batch_size, method=strategy.method, method_options=method_options,
+            global_weights=gweights, global_masks=gmasks, on_block=stream, placement=placement,
+            after_block=aggregate,
+        )
+        rec.seconds_clients = sum(seconds)
         rounds.append(rec)
     order = [info.name for info in infos if info.name in gweights]
     return FedSpaLLMResult(

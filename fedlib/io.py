@@ -4,10 +4,12 @@ so that the same content always gives the same bytes."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import math
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -43,27 +45,117 @@ SAFETENSORS_DTYPES = {
 }
 
 
-def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> None:
-    """Write a safetensors file (atomically) whose bytes depend only on its content.
-
-    safetensors' own writer emits ``__metadata__`` in a per-process hash order, so the same
-    mask got a different sha256 on every run; here the header is JSON with sorted keys and the
-    tensors are laid out in name order (little-endian, as the format requires)."""
+def _layout(tensors: Mapping[str, tuple[torch.dtype, tuple[int, ...]]], metadata: Mapping[str, str],
+            path: Path) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """The header bytes (length prefix included) and each tensor's (offset, nbytes) in the data
+    section: tensors in name order, sorted JSON, data aligned to 8 bytes. Depends only on the
+    content, never on the order tensors arrive in (safetensors' own writer emits
+    ``__metadata__`` in a per-process hash order)."""
     header: dict = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}} if metadata else {}
-    views, offset = [], 0
+    spans, offset = {}, 0
     for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        if t.dtype not in SAFETENSORS_DTYPES:
-            raise TypeError(f"{path}: tensor {name!r} has dtype {t.dtype}, which safetensors cannot store")
-        data = t.reshape(-1).view(torch.uint8).numpy()  # a view of the tensor's bytes, not a copy
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + data.nbytes]}
-        views.append(data)
-        offset += data.nbytes
+        dtype, shape = tensors[name]
+        if dtype not in SAFETENSORS_DTYPES:
+            raise TypeError(f"{path}: tensor {name!r} has dtype {dtype}, which safetensors cannot store")
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        spans[name] = (offset, nbytes)
+        offset += nbytes
     raw = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # the format aligns the data start to 8 bytes
+    return len(raw).to_bytes(8, "little") + raw, spans
+
+
+def _bytes_of(tensor: torch.Tensor):
+    """A view of a host tensor's bytes (little-endian, as the format requires), not a copy."""
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data
+
+
+def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> None:
+    """Write a safetensors file (atomically) whose bytes depend only on its content."""
+    tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+    head, _ = _layout({name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()}, metadata, path)
     with atomic_path(path) as tmp, open(tmp, "wb") as out:
-        out.write(len(raw).to_bytes(8, "little"))
-        out.write(raw)
-        for data in views:
-            out.write(data.data)
+        out.write(head)
+        for name in sorted(tensors):
+            out.write(_bytes_of(tensors[name]))
+
+
+def _copy_range(src: int, dst: int, total: int, dst_offset: int) -> None:
+    """Bytes 0..total of ``src`` to ``dst`` at ``dst_offset`` (in the kernel where it can)."""
+    done = 0
+    while done < total:
+        try:
+            step = os.copy_file_range(src, dst, min(total - done, 1 << 30), done, dst_offset + done)
+        except OSError as err:
+            if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            chunk = os.pread(src, min(total - done, 16 << 20), done)
+            step = os.pwrite(dst, chunk, dst_offset + done) if chunk else 0
+        if step <= 0:
+            raise OSError(f"spool ended after {done} of {total} bytes")
+        done += step
+
+
+class SafetensorsWriter:
+    """A safetensors file whose tensors arrive one at a time, in any order, and whose
+    metadata is known only at the end, with the bytes :func:`write_safetensors` would give.
+
+    Names, dtypes and shapes are declared up front, so each tensor is written straight to its
+    final offset in a spool file beside ``path``; :meth:`close` writes the header and the spool
+    into place atomically. Memory holds one tensor at a time (a 7B model's mask file, or a
+    server's vote counts, never sit in memory whole). On an error nothing is left behind.
+    """
+
+    def __init__(self, path: Path, tensors: Mapping[str, tuple[torch.dtype, Sequence[int]]]):
+        self.path = Path(path)
+        self.declared = {name: (dtype, tuple(int(x) for x in shape)) for name, (dtype, shape) in tensors.items()}
+        _, self.spans = _layout(self.declared, {}, self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, spool = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".spool", dir=self.path.parent)
+        self._fd, self._spool = fd, Path(spool)
+        self.written: set[str] = set()
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        dtype, shape = self.declared.get(name, (None, None))
+        if dtype is None:
+            raise KeyError(f"{self.path}: tensor {name!r} was not declared")
+        if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+            raise ValueError(f"{self.path}: tensor {name!r} is {tensor.dtype} {tuple(tensor.shape)}, "
+                             f"declared {dtype} {shape}")
+        if name in self.written:
+            raise ValueError(f"{self.path}: tensor {name!r} written twice")
+        offset, nbytes = self.spans[name]
+        data, done = _bytes_of(tensor), 0
+        while done < nbytes:
+            done += os.pwrite(self._fd, data[done:], offset + done)
+        self.written.add(name)
+
+    def close(self, metadata: Mapping[str, str]) -> None:
+        missing = sorted(set(self.declared) - self.written)
+        if missing:
+            raise ValueError(f"{self.path}: {len(missing)} declared tensors never written, e.g. {missing[0]!r}")
+        head, _ = _layout(self.declared, metadata, self.path)
+        total = sum(nbytes for _, nbytes in self.spans.values())
+        try:
+            with atomic_path(self.path) as tmp, open(tmp, "wb") as out:
+                out.write(head)
+                out.flush()
+                _copy_range(self._fd, out.fileno(), total, len(head))
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop the spool (nothing is written at ``path``)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._spool.unlink(missing_ok=True)
+
+    def __enter__(self) -> "SafetensorsWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()

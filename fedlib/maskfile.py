@@ -32,7 +32,7 @@ from safetensors import safe_open
 
 from fedlib import __version__
 from fedlib.groups import GROUPS, expected_pruned, group_sparsity, parse_nm
-from fedlib.io import write_safetensors
+from fedlib.io import SafetensorsWriter
 from fedlib.models import LayerInfo
 
 FORMAT = "fedlib-mask"
@@ -85,64 +85,120 @@ class MaskHeader:
         return sum(layer["pruned"] for layer in self.layers)
 
 
+def votes_dtype(n_clients: int) -> torch.dtype:
+    return torch.uint8 if n_clients <= 255 else torch.int16
+
+
+class MaskWriter:
+    """A mask file written layer by layer, in any order: what a client streams block by block
+    and the server layer by layer, so memory holds one layer whatever the model's size.
+
+    ``layers`` are the file's layers (model order); ``votes`` adds ``votes:<layer>`` tensors
+    (a server's global mask); ``tensors`` declares further tensors (name -> (dtype, shape); a
+    FedSpaLLM upload's ``weight:<layer>``). Every declared tensor must be added before
+    :meth:`close`; the header's metadata (module docstring) is written then. Used as a context
+    manager, an exception leaves nothing behind.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        layers: Sequence[LayerInfo],
+        *,
+        fingerprint: str,
+        role: str,
+        client_id: str,
+        method: str,
+        group: str,
+        sparsity: float,
+        allocation: str = "uniform",
+        n_samples: int = 0,
+        seed: int = 0,
+        n_clients: int = 1,
+        votes: bool = False,
+        extra: Mapping[str, str] | None = None,
+        tensors: Mapping[str, tuple[torch.dtype, Sequence[int]]] | None = None,
+    ):
+        clash = [k for k in (tensors or {}) if k.startswith(("mask:", "votes:"))]
+        if clash:
+            raise ValueError(f"extra tensor names may not start with 'mask:' or 'votes:': {clash[:3]}")
+        self.path, self.layers, self.with_votes = Path(path), list(layers), votes
+        self.votes_dtype = votes_dtype(n_clients)
+        declared = dict(tensors or {})
+        for info in self.layers:
+            declared[f"mask:{info.name}"] = (torch.uint8, ((math.prod(info.shape) + 7) // 8,))
+            if votes:
+                declared[f"votes:{info.name}"] = (self.votes_dtype, info.shape)
+        self.shapes = {info.name: info.shape for info in self.layers}
+        self.pruned: dict[str, int] = {}
+        self.metadata = {
+            "format": FORMAT,
+            "format_version": str(FORMAT_VERSION),
+            "model_fingerprint": fingerprint,
+            "role": role,
+            "client_id": str(client_id),
+            "method": method,
+            "group": group,
+            "sparsity": repr(float(sparsity)),
+            "allocation": allocation,
+            "n_samples": str(int(n_samples)),
+            "seed": str(int(seed)),
+            "n_clients": str(int(n_clients)),
+            "fedlib_version": __version__,
+        }
+        self.metadata.update({f"x_{k}": str(v) for k, v in (extra or {}).items()})
+        self.writer = SafetensorsWriter(self.path, declared)
+
+    def add(self, name: str, mask: torch.Tensor, votes: torch.Tensor | None = None) -> None:
+        if name not in self.shapes:
+            raise KeyError(f"{self.path}: {name!r} is not one of the file's layers")
+        if tuple(mask.shape) != self.shapes[name]:
+            raise ValueError(f"{name}: mask shape {tuple(mask.shape)} != layer {self.shapes[name]}")
+        if (votes is not None) != self.with_votes:
+            raise ValueError(f"{name}: this file {'needs' if self.with_votes else 'has no'} vote counts")
+        self.writer.add(f"mask:{name}", pack_bits(mask))
+        self.pruned[name] = int(mask.sum())
+        if votes is not None:
+            self.writer.add(f"votes:{name}", votes.to("cpu", self.votes_dtype).contiguous())
+
+    def add_tensor(self, name: str, tensor: torch.Tensor) -> None:
+        self.writer.add(name, tensor)
+
+    def close(self) -> None:
+        layer_meta = [{"name": info.name, "shape": list(info.shape), "pruned": self.pruned.get(info.name)}
+                      for info in self.layers]
+        self.writer.close({**self.metadata, "layers": json.dumps(layer_meta, separators=(",", ":"))})
+
+    def __enter__(self) -> "MaskWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.writer.abort()
+
+
 def write_mask_file(
     path: Path,
     masks: Mapping[str, torch.Tensor],
     layers: Sequence[LayerInfo],
     *,
-    fingerprint: str,
-    role: str,
-    client_id: str,
-    method: str,
-    group: str,
-    sparsity: float,
-    allocation: str = "uniform",
-    n_samples: int = 0,
-    seed: int = 0,
-    n_clients: int = 1,
     votes: Mapping[str, torch.Tensor] | None = None,
-    extra: Mapping[str, str] | None = None,
     tensors: Mapping[str, torch.Tensor] | None = None,
+    **header,
 ) -> None:
-    """Write a mask file. ``tensors`` adds further named tensors to the same file (FedSpaLLM
-    uploads carry ``weight:<layer>``); their names must not use the ``mask:``/``votes:``
-    prefixes, and checking them is the reader's business (``fedlib.server.fedspallm``)."""
+    """Write a whole mask file at once (:class:`MaskWriter` for the header fields).
+    ``tensors`` adds further named tensors to the same file (FedSpaLLM uploads carry
+    ``weight:<layer>``); their names must not use the ``mask:``/``votes:`` prefixes, and
+    checking them is the reader's business (``fedlib.server.fedspallm``)."""
     payload = dict(tensors or {})
-    clash = [k for k in payload if k.startswith(("mask:", "votes:"))]
-    if clash:
-        raise ValueError(f"extra tensor names may not start with 'mask:' or 'votes:': {clash[:3]}")
-    tensors: dict[str, torch.Tensor] = {}
-    layer_meta = []
-    for info in layers:
-        mask = masks[info.name]
-        if tuple(mask.shape) != info.shape:
-            raise ValueError(f"{info.name}: mask shape {tuple(mask.shape)} != layer {info.shape}")
-        tensors[f"mask:{info.name}"] = pack_bits(mask)
-        layer_meta.append({"name": info.name, "shape": list(info.shape), "pruned": int(mask.sum())})
-        if votes is not None:
-            count = votes[info.name]
-            dtype = torch.uint8 if n_clients <= 255 else torch.int16
-            tensors[f"votes:{info.name}"] = count.to(dtype).contiguous()
-    metadata = {
-        "format": FORMAT,
-        "format_version": str(FORMAT_VERSION),
-        "model_fingerprint": fingerprint,
-        "role": role,
-        "client_id": str(client_id),
-        "method": method,
-        "group": group,
-        "sparsity": repr(float(sparsity)),
-        "allocation": allocation,
-        "n_samples": str(int(n_samples)),
-        "seed": str(int(seed)),
-        "n_clients": str(int(n_clients)),
-        "fedlib_version": __version__,
-        "layers": json.dumps(layer_meta, separators=(",", ":")),
-    }
-    if extra:
-        metadata.update({f"x_{k}": str(v) for k, v in extra.items()})
-    tensors.update(payload)
-    write_safetensors(path, tensors, metadata)
+    declared = {name: (t.dtype, tuple(t.shape)) for name, t in payload.items()}
+    with MaskWriter(path, layers, votes=votes is not None, tensors=declared, **header) as writer:
+        for info in layers:
+            writer.add(info.name, masks[info.name], None if votes is None else votes[info.name])
+        for name, tensor in payload.items():
+            writer.add_tensor(name, tensor)
 
 
 def _field(meta: dict, key: str, path: Path, convert=str):

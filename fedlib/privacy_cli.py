@@ -48,6 +48,9 @@ def _pruning_args(p, blocks: bool = False) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
+    from fedlib.cli import add_placement_arguments
+
+    add_placement_arguments(p)
     if blocks:
         p.add_argument("--blocks", type=_blocks, default=None,
                        help="masks of decoder blocks 0..B-1 only ('all' = the whole model)")

@@ -13,7 +13,7 @@ from fedlib.federation import fedspallm_client, fedspallm_prune, standalone_prun
 from fedlib.groups import pruned_count
 from fedlib.maskfile import MaskFileError, write_mask_file
 from fedlib.models import fingerprint, linear_by_name, prunable_layers
-from fedlib.recursion import prune_locally
+from fedlib.runner import BlockDecision, prune_locally
 from fedlib.server import STRATEGIES, FedSpaLLM
 from fedlib.server.fedspallm import (
     WeightFile, aggregate_layer, apply_weight_file, apply_weights, blocks_per_round, expand_mask,
@@ -187,9 +187,13 @@ def test_two_rounds_against_brute_force(model):
     """Round 1: every client runs SparseGPT on the dense model (its Standalone model); the server
     aggregates. Round 2: every client prunes the round-1 global model."""
     clients = [_ids(10 + i) for i in range(3)]
-    standalone = []
-    result = fedspallm_prune(model, clients, FedSpaLLM(sparsity=0.7, seed=0, rounds=2),
-                             on_client=lambda t, c, up: standalone.append(up) if t == 0 else None)
+    standalone = [BlockDecision(masks={}) for _ in clients]
+
+    def keep(t, c, _block, up):
+        if t == 0:
+            standalone[c].masks.update(up.masks)
+
+    result = fedspallm_prune(model, clients, FedSpaLLM(sparsity=0.7, seed=0, rounds=2), on_upload=keep)
     round1 = _aggregate_all([standalone_prune(model, ids, 0.7, 0) for ids in clients], 0.7)
     for up, ids in zip(standalone, clients):
         ref = standalone_prune(model, ids, 0.7, 0)
@@ -234,13 +238,15 @@ def test_client_prunes_from_global_weights_and_dense_unsampled_blocks(model):
 
 def _block1_from_dense_inputs(model, ids):
     from fedlib.methods import get_method
-    from fedlib.recursion import LayerwiseRunner, decide_block
+    from fedlib.runner import BlockRunner, decide_block
 
-    runner = LayerwiseRunner(model, ids)
-    runner.advance(None)
-    pruners = {n: get_method("sparsegpt_update")(lin, n) for n, lin in runner.linears().items()}
-    runner.collect(pruners)
-    return decide_block(pruners, 0.5, "layer", 0).masks
+    for step in BlockRunner(model, [ids]).steps():
+        if step.index == 0:
+            step.propagate(0, None)
+            continue
+        pruners = {n: get_method("sparsegpt_update")(lin, n) for n, lin in step.linears.items()}
+        step.collect(0, pruners)
+        return decide_block(pruners, 0.5, "layer", 0).masks
 
 
 def test_sampling_rounds_update_only_sampled_blocks(model):

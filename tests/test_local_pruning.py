@@ -9,20 +9,24 @@ from fedlib.groups import prune_lowest
 from fedlib.methods import get_method
 from fedlib.methods.wanda import wanda_scores
 from fedlib.models import UnsupportedModelError, block_linears, fingerprint, prunable_layers
-from fedlib.recursion import LayerwiseRunner, prune_locally
+from fedlib.runner import BlockRunner, prune_locally
 
 
 def test_blockwise_dense_pass_equals_full_forward(model):
     ids = torch.randint(0, 128, (5, 16))
     with torch.no_grad():
-        hidden = model(ids, output_hidden_states=True).hidden_states
-    runner = LayerwiseRunner(model, ids, batch_size=2)  # uneven batches on purpose
-    torch.testing.assert_close(torch.cat(runner.hidden), hidden[0], rtol=0, atol=0)
-    runner.advance()
-    torch.testing.assert_close(torch.cat(runner.hidden), hidden[1], rtol=1e-6, atol=1e-6)
-    runner.advance()
+        full = model(ids, output_hidden_states=True)
+    hidden = full.hidden_states
+    runner = BlockRunner(model, [ids], batch_size=2, final_outputs=True)  # uneven batches on purpose
+    torch.testing.assert_close(torch.cat(runner.states[0]), hidden[0], rtol=0, atol=0)
+    for step in runner.steps():
+        step.propagate(0)
+        if step.index == 0:
+            torch.testing.assert_close(torch.cat(runner.states[0]), hidden[1], rtol=1e-6, atol=1e-6)
     # the model's last hidden state is after the final norm
-    torch.testing.assert_close(model.model.norm(torch.cat(runner.hidden)), hidden[2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.model.norm(torch.cat(runner.states[0])), hidden[2], rtol=1e-5, atol=1e-5)
+    # the model's own head on the last block's outputs: the full forward's logits
+    torch.testing.assert_close(torch.cat(list(runner.logits(0))), full.logits, rtol=1e-5, atol=1e-5)
 
 
 def _inputs_of_linears(model, ids):

@@ -20,7 +20,7 @@ from fedlib.methods.besa import (
 )
 from fedlib.methods.owl import block_outlier_ratios, outlier_ratio, owl_ratios, recentre
 from fedlib.models import block_linears, prunable_layers
-from fedlib.recursion import LayerwiseRunner, prune_locally
+from fedlib.runner import BlockRunner, prune_locally
 from conftest import tiny_llama
 
 
@@ -238,13 +238,15 @@ def test_besa_zero_steps_is_wanda(model):
 
 
 def _block_setup(model, ids):
-    runner = LayerwiseRunner(model, ids)
-    pruners = {n: get_method("wanda")(lin, n) for n, lin in runner.linears().items()}
-    runner.collect(pruners)
-    prefix = f"{runner.prefix}.0."
-    linears = {n: (n[len(prefix):], lin) for n, lin in runner.linears().items()}
+    """Block 0 resident with its Wanda scores: (step, linears by full name -> (local name,
+    linear), scores)."""
+    step = next(BlockRunner(model, [ids]).steps())
+    pruners = {n: get_method("wanda")(lin, n) for n, lin in step.linears.items()}
+    step.collect(0, pruners)
+    prefix = f"{step.prefix}."
+    linears = {n: (n[len(prefix):], lin) for n, lin in step.linears.items()}
     scores = {n: p.scores() for n, p in pruners.items()}
-    return runner, linears, scores
+    return step, linears, scores
 
 
 def test_besa_moves_sparsity_to_harmless_layers_and_lowers_error():
@@ -255,22 +257,21 @@ def test_besa_moves_sparsity_to_harmless_layers_and_lowers_error():
     model = tiny_llama(layers=1, hidden=64)
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight.mul_(0.01)
-    runner, linears, scores = _block_setup(model, _ids(8, 32))
+    step, linears, scores = _block_setup(model, _ids(8, 32))
     target = 0.5
     alloc = learn_block_allocation(
-        runner.blocks[0], runner.block_kwargs[0], runner.hidden, linears, scores, target, "row",
+        step.block, step.kwargs, step.inputs(0), linears, scores, target, "row",
         BESAOptions(steps=40, lr=0.1),
     )
     mlp = [n for n in alloc.sparsity if ".mlp." in n]
     values = [n for n in alloc.sparsity if n.endswith(("v_proj", "o_proj"))]
     assert min(alloc.sparsity[n] for n in mlp) > target > max(alloc.sparsity[n] for n in values)
     assert alloc.losses[-1] < alloc.losses[0]
-    block_linear = block_linears(runner.blocks[0])
+    block_linear = block_linears(step.block)
 
     def error(ratios):
         masks = {linears[n][0]: prune_lowest(scores[n], ratios[n], "row", 0, n) for n in linears}
-        return block_reconstruction_error(runner.blocks[0], runner.block_kwargs[0], runner.hidden,
-                                          block_linear, masks)
+        return block_reconstruction_error(step.block, step.kwargs, step.inputs(0), block_linear, masks)
 
     uniform = error({n: target for n in linears})
     learned = error(alloc.sparsity)

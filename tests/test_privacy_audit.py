@@ -24,7 +24,7 @@ from fedlib.privacy.audit import (
     similarity_audit,
     tiny_inversion_cases,
 )
-from fedlib.recursion import prune_locally
+from fedlib.runner import prune_locally
 from fedlib.server.fedprllm import FedPrLLM
 
 torch.set_num_threads(1)
@@ -128,8 +128,11 @@ def cli_model(monkeypatch, tiny_loaded):
     """`fedlib privacy ...` verbs get the already loaded tiny model (the CLI wiring is
     unchanged; only the ~1 s model load per call is saved)."""
     import fedlib.privacy.audit as audit
+    from fedlib.models import ModelHandle
+    from fedlib.runner import CPU
 
-    monkeypatch.setattr(audit, "_load_model", lambda args: tiny_loaded)
+    handle = ModelHandle.of(tiny_loaded[0])
+    monkeypatch.setattr(audit, "_open", lambda args, placed=True: (handle, CPU))
     return tiny_loaded[0]
 
 

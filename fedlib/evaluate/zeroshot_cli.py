@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="score the first N documents of each task; 'none' (default) = the full split")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
+    from fedlib.cli import add_placement_arguments
+
+    add_placement_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", default="model")
     p.add_argument("--out", required=True)
@@ -76,16 +79,24 @@ def _clean(value):
 
 def zeroshot_variant(model_dir: str, tasks, data_dir: Path | None, limit: int | None = None,
                      mask: str | None = None, scale: bool = False, weights: str | None = None,
-                     batch_size: int = 8, seed: int = 0, label: str = "model") -> dict:
-    """Load the base model, apply the variant in memory, score the tasks; the result record."""
+                     batch_size: int = 8, seed: int = 0, label: str = "model",
+                     device: str = "cpu", dtype: str = "float32") -> dict:
+    """Put the base model on the device with the variant applied, score the tasks; the result
+    record."""
     from fedlib.evaluate.zeroshot import evaluate_zeroshot
-    from fedlib.pruned import load_variant, measured_sparsity
+    from fedlib.models import load_tokenizer, open_model
+    from fedlib.pruned import Variant, measured_sparsity
+    from fedlib.runner import Placement, place_model
 
     start = time.perf_counter()
     tasks = list(tasks)
     sizes = split_sizes(tasks, data_dir)  # fails on a missing task file before any model work
-    model, tokenizer, base_fingerprint, applied = load_variant(model_dir, mask, scale, weights)
-    scores = evaluate_zeroshot(model, tokenizer, tasks, data_dir=data_dir, limit=limit,
+    placement = Placement.resolve(device, dtype)
+    handle = open_model(model_dir, placement.dtype)
+    variant = Variant(handle, mask, scale, weights)
+    base_fingerprint = handle.fingerprint()
+    model = place_model(handle, placement, variant.decision)
+    scores = evaluate_zeroshot(model, load_tokenizer(model_dir), tasks, data_dir=data_dir, limit=limit,
                                batch_size=batch_size, seed=seed)
     results = {}
     for task in tasks:
@@ -94,10 +105,11 @@ def zeroshot_variant(model_dir: str, tasks, data_dir: Path | None, limit: int | 
         results[task] = row
     mean = sum(results[t][TABLE_METRIC] for t in tasks) / len(tasks)
     return {
-        "label": label, "mask": mask, "weights": weights, "scale": bool(scale), "applied": applied,
+        "label": label, "mask": mask, "weights": weights, "scale": bool(scale), "applied": variant.summary(),
         "model_fingerprint": base_fingerprint, "measured_sparsity": measured_sparsity(model),
         "tasks": tasks, "limit": limit, "metric": TABLE_METRIC, "seed": seed, "batch_size": batch_size,
         "data_dir": str(data_dir) if data_dir is not None else "hub",
+        "device": str(placement.device), "dtype": dtype,
         "zeroshot": results, "mean_acc": mean, "seconds": time.perf_counter() - start,
     }
 
@@ -112,7 +124,8 @@ def run(args) -> None:
         torch.set_num_threads(args.threads)
     data_dir = None if args.data_dir in (None, "", "hub") else Path(args.data_dir)
     record = zeroshot_variant(args.model, args.tasks, data_dir, args.limit, mask=args.mask, scale=args.scale,
-                              weights=args.weights, batch_size=args.batch_size, seed=args.seed, label=args.label)
+                              weights=args.weights, batch_size=args.batch_size, seed=args.seed, label=args.label,
+                              device=args.device, dtype=args.dtype)
     for task in record["tasks"]:
         row = record["zeroshot"][task]
         print(f"{args.label} {task}: acc {row['acc']:.4f} on {row['n']} documents")

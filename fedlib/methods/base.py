@@ -2,7 +2,7 @@
 
 A method is a small object per linear layer, modelled on SparseGPT's: it sees the layer's
 inputs batch by batch (:meth:`LayerPruner.add_batch`) and then decides the layer's mask
-(:meth:`LayerPruner.prune`). The layer-by-layer recursion (``fedlib.recursion``) owns the
+(:meth:`LayerPruner.prune`). The layer-by-layer recursion (``fedlib.runner``) owns the
 forward passes and hooks; a method only turns statistics into a mask.
 """
 
@@ -17,7 +17,7 @@ class LayerPruner:
     :meth:`add_batch`); methods with a weight update (SparseGPT) override :meth:`prune`."""
 
     name: str = ""
-    #: False for data-free methods (magnitude): the recursion then skips the forward passes.
+    #: False for data-free methods (magnitude): the runner then carries no activations.
     needs_calibration: bool = True
 
     def __init__(self, layer: nn.Linear, layer_name: str):
@@ -34,7 +34,7 @@ class LayerPruner:
 
     def prune(self, sparsity: float, group: str, seed: int) -> torch.Tensor:
         """Boolean mask, True = pruned. Sets ``updated_weight`` if the method changes the
-        surviving weights (the recursion then propagates those)."""
+        surviving weights (the runner then propagates those)."""
         from fedlib.groups import prune_lowest
 
         return prune_lowest(self.scores(), sparsity, group, seed, self.layer_name)

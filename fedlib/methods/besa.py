@@ -205,7 +205,11 @@ def learn_block_allocation(
     if options.sigmoid_smooth:
         # softmax(sigmoid(x)) cannot be tilted as far; start from uniform as the reference
         init = torch.zeros_like(init)
-    logits = init.repeat(len(names), 1).clone().requires_grad_(True)
+    # the learning runs where the block's inputs are
+    device = hidden[0].device
+    cand = cand.to(device)
+    weights = weights.to(device)
+    logits = init.repeat(len(names), 1).to(device).clone().requires_grad_(True)
     with torch.no_grad():
         references = [_call_block(block, {}, h, kwargs) for h in hidden]
     optimizer = torch.optim.Adam([logits], lr=options.lr)
@@ -234,7 +238,7 @@ def learn_block_allocation(
             optimizer.step()
             losses.append(loss.item())
     with torch.no_grad():
-        learned = (distributions().double() @ candidates).numpy()
+        learned = (distributions().double().cpu() @ candidates).numpy()
     # float64 and rounded: equal distributions must give bit-equal ratios in every layer shape
     final = np.round(recentre(learned, sizes.double().numpy(), target), 12)
     return BlockAllocation(
@@ -261,32 +265,31 @@ class BESAPruner(WandaPruner):
     @classmethod
     def allocate_block(
         cls,
-        runner,
+        step,
+        client: int,
         pruners: Mapping[str, "BESAPruner"],
         sparsity: float,
         group: str,
         seed: int,
         options: Mapping | None = None,
     ) -> dict[str, float]:
-        """Per-linear sparsities of the runner's current block, after ``runner.collect``."""
-        return cls.learn(runner, pruners, sparsity, group, options).sparsity
+        """Per-linear sparsities of the step's block for ``client``, after ``step.collect``."""
+        return cls.learn(step, client, pruners, sparsity, group, options).sparsity
 
     @classmethod
-    def learn(cls, runner, pruners, sparsity: float, group: str,
+    def learn(cls, step, client: int, pruners, sparsity: float, group: str,
               options: Mapping | None = None) -> BlockAllocation:
+        """What BESA learns on the block of ``step`` (a :class:`fedlib.runner.BlockStep`) from
+        ``client``'s activations entering it."""
         check_unstructured(cls.name, group)
         if not 0.0 <= sparsity <= 1.0:
             raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
         opts = BESAOptions.from_mapping(options)
-        index = runner.index
-        prefix = f"{runner.prefix}.{index}."
-        linears = {
-            name: (name[len(prefix):], linear) for name, linear in runner.linears().items()
-        }
+        prefix = f"{step.prefix}."
+        linears = {name: (name[len(prefix):], linear) for name, linear in step.linears.items()}
         scores = {name: pruners[name].scores() for name in linears}
         return learn_block_allocation(
-            runner.blocks[index], runner.block_kwargs[index], runner.hidden,
-            linears, scores, float(sparsity), group, opts,
+            step.block, step.kwargs, step.inputs(client), linears, scores, float(sparsity), group, opts,
         )
 
 

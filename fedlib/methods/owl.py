@@ -113,14 +113,17 @@ class OWLPruner(WandaPruner):
     @torch.no_grad()
     def plan(
         cls,
-        model: nn.Module,
+        model,
         input_ids: torch.Tensor,
         sparsity: float,
         group: str = "row",
         options: Mapping | None = None,
         batch_size: int = 8,
+        placement=None,
     ) -> dict[str, float]:
-        """Per-linear sparsity (all linears of a block share their block's ratio)."""
+        """Per-linear sparsity (all linears of a block share their block's ratio). ``model``:
+        a model or :class:`~fedlib.models.ModelHandle`; ``placement``: where the dense pass
+        runs (:class:`fedlib.runner.Placement`, default the CPU)."""
         options = dict(options or {})
         m, lam = _check_options(options.get("outlier_m", 5.0), options.get("lam", 0.08))
         unknown = set(options) - {"outlier_m", "lam"}
@@ -129,32 +132,30 @@ class OWLPruner(WandaPruner):
         check_unstructured(cls.name, group)
         if input_ids is None:
             raise ValueError("owl needs calibration data")
-        blocks, outliers, sizes = block_outlier_ratios(model, input_ids, m, batch_size)
+        blocks, outliers, sizes = block_outlier_ratios(model, input_ids, m, batch_size, placement)
         ratios = owl_ratios(outliers, sparsity, lam, sizes)
         return {name: float(ratio) for names, ratio in zip(blocks, ratios) for name in names}
 
 
 @torch.no_grad()
 def block_outlier_ratios(
-    model: nn.Module, input_ids: torch.Tensor, m: float, batch_size: int = 8
+    model, input_ids: torch.Tensor, m: float, batch_size: int = 8, placement=None,
 ) -> tuple[list[list[str]], list[float], list[int]]:
     """(linear names of each block, outlier ratio D_l of each block, weights of each block),
     from the Wanda metric on calibration activations propagated through the dense model."""
-    from fedlib.recursion import LayerwiseRunner  # import here: recursion imports methods
+    from fedlib.runner import CPU, BlockRunner
 
-    runner = LayerwiseRunner(model, input_ids, batch_size)
+    runner = BlockRunner(model, [input_ids], placement or CPU, batch_size)
     blocks: list[list[str]] = []
     outliers, sizes = [], []
-    for index in range(len(runner.blocks)):
-        linears = runner.linears()
-        stats = {name: WandaPruner(linear, name) for name, linear in linears.items()}
-        runner.collect(stats)
+    for step in runner.steps():
+        stats = {name: WandaPruner(linear, name) for name, linear in step.linears.items()}
+        step.collect(0, stats)
         outliers.append(outlier_ratio([p.scores() for p in stats.values()], m))
-        sizes.append(sum(linear.weight.numel() for linear in linears.values()))
-        blocks.append(list(linears))
+        sizes.append(sum(linear.weight.numel() for linear in step.linears.values()))
+        blocks.append(list(step.linears))
         del stats
-        if index + 1 < len(runner.blocks):
-            runner.advance(None)  # dense propagation, as the reference's measuring pass
+        step.propagate(0, None)  # dense propagation, as the reference's measuring pass
     return blocks, outliers, sizes
 
 

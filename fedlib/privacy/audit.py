@@ -87,38 +87,18 @@ def client_masks(
     blocks: int | None = None,
     batch_size: int = 8,
     method_options: Mapping | None = None,
+    placement=None,
 ) -> dict[str, torch.Tensor]:
-    """The masks a client with calibration ``input_ids`` computes, exactly as
-    :func:`fedlib.recursion.prune_locally`, restricted to decoder blocks ``0..blocks-1``
+    """The masks a client with calibration ``input_ids`` computes
+    (:func:`fedlib.runner.prune_locally`), restricted to decoder blocks ``0..blocks-1``
     (``None`` = all). The forward pass stops after the last requested block, so the masks
     of the first blocks cost only the forward through those blocks."""
-    from fedlib.methods import get_method
-    from fedlib.models import decoder_blocks
-    from fedlib.recursion import LayerwiseRunner, block_sparsity, decide_block, plan_sparsity, prune_locally
+    from fedlib.runner import CPU, prune_locally
 
-    n_blocks = len(decoder_blocks(model))
-    factory = get_method(method)
-    if blocks is None or blocks >= n_blocks or not factory.needs_calibration:
-        masks = prune_locally(model, input_ids, method, sparsity, group, seed, batch_size,
-                              method_options).masks
-        if blocks is not None and blocks < n_blocks:
-            masks = {n: m for n, m in masks.items() if _block_of(n) < blocks}
-        return masks
-    if blocks < 1:
+    if blocks is not None and blocks < 1:
         raise ValueError(f"blocks must be >= 1, got {blocks}")
-    options = dict(method_options or {})
-    ratios = plan_sparsity(factory, model, input_ids, sparsity, group, options, batch_size)
-    runner = LayerwiseRunner(model, input_ids, batch_size)
-    masks: dict[str, torch.Tensor] = {}
-    for index in range(blocks):
-        pruners = {name: factory(linear, name, **options) for name, linear in runner.linears().items()}
-        runner.collect(pruners)
-        block_ratios = block_sparsity(factory, runner, pruners, ratios, group, seed, options)
-        decision = decide_block(pruners, block_ratios, group, seed)
-        masks.update(decision.masks)
-        if index + 1 < blocks:
-            runner.advance(decision)
-    return masks
+    return prune_locally(model, input_ids, method, sparsity, group, seed, batch_size, method_options,
+                         placement=placement or CPU, blocks=blocks).masks
 
 
 def _block_of(name: str) -> int:
@@ -172,11 +152,13 @@ def entropy_audit(model, mask_paths: Sequence[Path]) -> dict:
     float16 bit patterns of the weights, and the per-entry entropy across all given client
     masks (mean over entries of H(fraction of clients pruning it); 0 = every client shares
     the same bit). Also the model-wide figures and the pooled fp16 histogram entropy."""
-    from fedlib.models import fingerprint, linear_by_name, prunable_layers
+    from fedlib.models import ModelHandle
     from fedlib.privacy.entropy import histogram_entropy_bits
 
-    layers = prunable_layers(model)
-    fp = fingerprint(model)
+    handle = ModelHandle.of(model)
+    layers = handle.layers()
+    fp = handle.fingerprint()
+    block_weights: dict = {}  # the current block's tensors, read once (a lazy model reads from disk)
     pooled = torch.zeros(65536, dtype=torch.int64)
     rows = []
     with open_mask_files(mask_paths, fp, layers) as (files, packed):
@@ -186,7 +168,9 @@ def entropy_audit(model, mask_paths: Sequence[Path]) -> dict:
             numel = math.prod(info.shape)
             first = packed(0, info.name)
             p = _popcount(first) / numel
-            weight = linear_by_name(model, info.name).weight.detach()
+            if block_weights.get("index") != info.block:
+                block_weights = {"index": info.block, "tensors": handle.block_tensors(info.block)}
+            weight = block_weights["tensors"][f"{info.name.removeprefix(f'{handle.prefix}.{info.block}.')}.weight"]
             bits = weight.to("cpu", torch.float16).contiguous().view(torch.int16).to(torch.int32).flatten() & 0xFFFF
             hist = torch.bincount(bits, minlength=65536)
             pooled += hist
@@ -260,6 +244,7 @@ def similarity_audit(
     group: str = "row",
     seed: int = 0,
     batch_size: int = 8,
+    placement=None,
 ) -> dict:
     """Hamming distances between every pair of the given client mask files, and (optional)
     between whole-model masks computed here from independently seeded calibration draws
@@ -287,7 +272,7 @@ def similarity_audit(
         t0 = time.perf_counter()
         sets = []
         for value, ids in zip(seed_values, seed_windows):
-            masks = client_masks(model, ids, method, sparsity, group, seed, None, batch_size)
+            masks = client_masks(model, ids, method, sparsity, group, seed, None, batch_size, placement=placement)
             sets.append({n: _packed_np(masks[n]) for n in names})
             _log(f"similarity: mask for calibration seed {value} ({tuple(ids.shape)})")
         pairs = _pairwise([lambda name, s=s: s[name] for s in sets], names)
@@ -312,6 +297,7 @@ def sensitivity_audit(
     blocks: int | None = None,
     batch_size: int = 8,
     base_masks: Mapping[str, torch.Tensor] | None = None,
+    placement=None,
 ) -> dict:
     """Masks of D (``input_ids``) and of ``neighbours`` data sets D'_j that differ from D in
     exactly one sample (row j mod n of D replaced by ``replacements[j]``): per neighbour, the
@@ -326,7 +312,7 @@ def sensitivity_audit(
         raise ValueError("replacement samples must have the calibration samples' length")
     t0 = time.perf_counter()
     base = base_masks if base_masks is not None else client_masks(
-        model, input_ids, method, sparsity, group, seed, blocks, batch_size)
+        model, input_ids, method, sparsity, group, seed, blocks, batch_size, placement=placement)
     names = list(base)
     sizes: dict[str, int] = {}
     for name in names:
@@ -335,7 +321,7 @@ def sensitivity_audit(
     for j in range(neighbours):
         ids = input_ids.clone()
         ids[j % n] = replacements[j]
-        masks = client_masks(model, ids, method, sparsity, group, seed, blocks, batch_size)
+        masks = client_masks(model, ids, method, sparsity, group, seed, blocks, batch_size, placement=placement)
         diff: dict[str, int] = {}
         for name in names:
             t = layer_type(name)
@@ -402,6 +388,7 @@ def membership_audit(
     confidence: float = 0.95,
     natural: int = 12,
     batch_size: int = 8,
+    placement=None,
 ) -> dict:
     """LiRA membership inference against a client's (block-restricted) mask.
 
@@ -441,7 +428,8 @@ def membership_audit(
 
     def mask_of(rows) -> torch.Tensor:
         nonlocal names
-        masks = client_masks(model, population[list(rows)], method, sparsity, group, seed, blocks, batch_size)
+        masks = client_masks(model, population[list(rows)], method, sparsity, group, seed, blocks, batch_size,
+                             placement=placement)
         if names is None:
             names = list(masks)
         return flat_mask(masks, names)
@@ -578,10 +566,28 @@ def inversion_audit(
     (n, T) token rows) with :func:`invert_block0_masks`; ``prior`` is a public unigram
     distribution used for the unigram-guess baseline (and as the attack's initial logits
     when ``use_prior``). Then the tiny-model case (vocabulary 32, hidden 64), where the
-    information is there and recovery is exact."""
-    from fedlib.models import fingerprint
-    from fedlib.privacy.inversion import invert_block0_masks, wanda_block0_masks
+    information is there and recovery is exact.
 
+    The attack uses only the embedding and block 0; it runs on the CPU in float32 whatever the
+    model's size (block 0 is the only block read from a lazy model)."""
+    from fedlib.models import ModelHandle
+    from fedlib.privacy.inversion import invert_block0_masks, wanda_block0_masks
+    from fedlib.runner import CPU, resident_block
+
+    handle = ModelHandle.of(model)
+    with resident_block(handle, 0, CPU):
+        rows = _invert_texts(handle.model, tokenizer, texts, sparsity, group, seed, steps, restarts, prior,
+                             use_prior, time_limit, invert_block0_masks, wanda_block0_masks)
+    tiny = tiny_inversion_cases(tiny_lengths, seed, sparsity, group, tiny_steps)
+    return {
+        "analysis": "inversion", "model_fingerprint": handle.fingerprint(), "layers": ["self_attn.q_proj"],
+        "sparsity": sparsity, "group": group, "seed": seed, "steps": steps, "restarts": restarts,
+        "use_prior": bool(use_prior and prior is not None), "rows": rows, "tiny": tiny,
+    }
+
+
+def _invert_texts(model, tokenizer, texts, sparsity, group, seed, steps, restarts, prior, use_prior,
+                  time_limit, invert_block0_masks, wanda_block0_masks) -> list[dict]:
     layers = ["self_attn.q_proj"]
     rows = []
     init = torch.log(prior).float() if (prior is not None and use_prior) else None
@@ -595,12 +601,7 @@ def inversion_audit(
             rows.append(_inversion_row(r, target, T, prior, {"model": "real", "text_index": i}))
             _log(f"inversion: T={T} text {i}: bag {r.bag_overlap:.3f}, agreement {r.mask_agreement:.5f} "
                  f"({r.seconds:.0f}s)")
-    tiny = tiny_inversion_cases(tiny_lengths, seed, sparsity, group, tiny_steps)
-    return {
-        "analysis": "inversion", "model_fingerprint": fingerprint(model), "layers": layers,
-        "sparsity": sparsity, "group": group, "seed": seed, "steps": steps, "restarts": restarts,
-        "use_prior": bool(use_prior and prior is not None), "rows": rows, "tiny": tiny,
-    }
+    return rows
 
 
 def tiny_llama_for_inversion(seed: int, vocab: int = 32, hidden: int = 64):
@@ -812,44 +813,49 @@ def _json_default(x):
     raise TypeError(f"not JSON serializable: {type(x)}")
 
 
-def _load_model(args):
-    from fedlib.models import load_model
+def _open(args, placed: bool = True):
+    """(model handle, placement) of an analysis: the placement from ``--device`` / ``--dtype``
+    for analyses that compute masks, the CPU otherwise."""
+    from fedlib.models import open_model
+    from fedlib.runner import CPU, Placement
 
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model)
-    return model, tokenizer
+    placement = Placement.resolve(args.device, args.dtype) if placed else CPU
+    return open_model(args.model, placement.dtype), placement
 
 
 def _cmd_entropy(args) -> None:
-    model, _ = _load_model(args)
-    _write_json(args.out, entropy_audit(model, [Path(p) for p in args.masks]))
+    handle, _ = _open(args, placed=False)
+    _write_json(args.out, entropy_audit(handle, [Path(p) for p in args.masks]))
 
 
 def _cmd_similarity(args) -> None:
-    model, tokenizer = _load_model(args)
+    model, placement = _open(args)
     windows = []
     if args.seeds:
         from fedlib.data import calibration_windows
+        from fedlib.models import load_tokenizer
 
+        tokenizer = load_tokenizer(args.model)
         data_dir = None if args.data_dir in (None, "", "hub") else Path(args.data_dir)
         docs = tuple(args.docs) if args.docs else None
         windows = [calibration_windows(tokenizer, args.dataset, data_dir, args.seed_samples, args.seqlen, s, docs)
                    for s in args.seeds]
     result = similarity_audit(model, [Path(p) for p in args.masks], windows, args.seeds or [], args.method,
-                              args.sparsity, args.group, args.seed, args.batch_size)
+                              args.sparsity, args.group, args.seed, args.batch_size, placement)
     _write_json(args.out, result)
 
 
 def _cmd_sensitivity(args) -> None:
     from fedlib.data import load_tokens
 
-    model, _ = _load_model(args)
+    model, placement = _open(args)
     ids, _ = load_tokens(Path(args.calib))
     reps = torch.cat([load_tokens(Path(p))[0] for p in args.replacements])
     base = _base_masks(model, args, ids) if args.base_mask else None
     result = sensitivity_audit(model, ids, reps, args.neighbours, args.method, args.sparsity, args.group,
-                               args.seed, args.blocks, args.batch_size, base)
+                               args.seed, args.blocks, args.batch_size, base, placement)
     result["calib"] = str(args.calib)
     result["base_mask"] = args.base_mask
     _write_json(args.out, result)
@@ -877,11 +883,11 @@ def _base_masks(model, args, ids) -> dict[str, torch.Tensor]:
 def _cmd_membership(args) -> None:
     from fedlib.data import load_tokens
 
-    model, _ = _load_model(args)
+    model, placement = _open(args)
     pop, _ = load_tokens(Path(args.population))
     result = membership_audit(model, pop, args.targets, args.samples, args.pairs, args.blocks, args.method,
                               args.sparsity, args.group, args.seed, args.epsilons, args.fprs,
-                              args.confidence, batch_size=args.batch_size)
+                              args.confidence, batch_size=args.batch_size, placement=placement)
     result["population_file"] = str(args.population)
     _write_json(args.out, result)
 
@@ -889,12 +895,15 @@ def _cmd_membership(args) -> None:
 def _cmd_inversion(args) -> None:
     from fedlib.data import load_tokens
 
-    model, tokenizer = _load_model(args)
+    from fedlib.models import load_tokenizer
+
+    model, _ = _open(args, placed=False)
+    tokenizer = load_tokenizer(args.model)
     texts = {}
     for path in args.texts:
         ids, _ = load_tokens(Path(path))
         texts[int(ids.shape[1])] = ids[: args.per_length]
-    vocab = model.get_input_embeddings().weight.shape[0]
+    vocab = model.model.get_input_embeddings().weight.shape[0]
     prior = unigram_distribution(args.prior_tokens, vocab) if args.prior_tokens else None
     result = inversion_audit(model, tokenizer, texts, args.sparsity, args.group, args.seed, args.steps,
                              args.restarts, prior, args.use_prior, args.tiny_lengths, args.tiny_steps,
@@ -904,7 +913,7 @@ def _cmd_inversion(args) -> None:
 
 
 def _cmd_rr_aggregate(args) -> None:
-    model, _ = _load_model(args)
+    model, _ = _open(args, placed=False)
     record = rr_aggregate(model, [Path(p) for p in args.masks], args.epsilon, args.group.replace("of", ":"),
                           args.sparsity, args.seed, Path(args.out), args.per_client,
                           Path(args.clean_global) if args.clean_global else None)

@@ -7,7 +7,8 @@ random order is deterministic and unbiased). Optional weight scaling multiplies 
 weights by (m - M_hat) / m at application time, so the global file keeps the vote counts.
 
 The aggregation streams over layers: at any time it holds one layer's counts plus one
-client's bits of that layer, whatever the number of clients.
+client's bits of that layer, whatever the number of clients, and writes each layer's global
+mask and counts to the output as it goes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from fedlib.groups import prune_lowest
-from fedlib.maskfile import MaskFile, MaskFileError, write_mask_file
+from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter
 from fedlib.models import LayerInfo
 
 
@@ -69,20 +70,17 @@ class FedPrLLM:
         files = self.open_clients(paths, fingerprint, layers)
         # any client with a per-layer allocation (OWL, BESA): the server follows the clients' plan
         allocation = "nonuniform" if any(f.header.allocation == "nonuniform" for f in files) else "uniform"
-        masks, votes = {}, {}
-        for info in layers:
-            count = torch.zeros(info.shape, dtype=torch.int16)
-            for f in files:
-                count += f.layer_mask(info.name)
-            votes[info.name] = count
-            target = planned_sparsity(count, len(files)) if allocation == "nonuniform" else self.sparsity
-            masks[info.name] = global_mask_from_votes(count, target, self.group, self.seed, info.name)
         first = files[0].header
-        write_mask_file(
-            out, masks, layers,
-            fingerprint=fingerprint, role="global", client_id="server",
+        # one layer at a time, from the clients' files to the global file
+        with MaskWriter(
+            out, layers, fingerprint=fingerprint, role="global", client_id="server",
             method=f"fedprllm[{first.method}]", group=self.group, sparsity=self.sparsity, allocation=allocation,
-            n_samples=sum(f.header.n_samples for f in files), seed=self.seed,
-            n_clients=len(files), votes=votes,
-        )
+            n_samples=sum(f.header.n_samples for f in files), seed=self.seed, n_clients=len(files), votes=True,
+        ) as writer:
+            for info in layers:
+                count = torch.zeros(info.shape, dtype=torch.int16)
+                for f in files:
+                    count += f.layer_mask(info.name)
+                target = planned_sparsity(count, len(files)) if allocation == "nonuniform" else self.sparsity
+                writer.add(info.name, global_mask_from_votes(count, target, self.group, self.seed, info.name), count)
         return {"n_clients": len(files), "group": self.group, "sparsity": self.sparsity, "allocation": allocation}

@@ -74,7 +74,7 @@ import torch
 from torch import nn
 
 from fedlib.groups import GROUPS, expected_pruned, prune_lowest, seeded_generator
-from fedlib.maskfile import MaskFile, MaskFileError, read_header, write_mask_file
+from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter, read_header
 from fedlib.models import LayerInfo, linear_by_name
 
 WEIGHT_PREFIX = "weight:"
@@ -270,53 +270,57 @@ def random_masks(layers: Iterable[LayerInfo], sparsity: float, seed: int, group:
 # --------------------------------------------------------------------------- weight files
 
 
+class WeightFileWriter(MaskWriter):
+    """An upload (``role="client"``) or a global result (``role="global"``) for ``layers`` (the
+    pruned linears, whole blocks, model order), written layer by layer (:class:`MaskWriter`).
+    Weights are stored in ``weight_dtype`` and must be finite; they are set to 0 where the mask
+    prunes. ``allocation`` is ``uniform`` when every layer prunes exactly what
+    :func:`fedlib.groups.expected_pruned` says, else ``nonuniform`` (Eq. 7's ceil can be one
+    weight above the floor count)."""
+
+    def __init__(self, path: Path, layers: Sequence[LayerInfo], *, weight_dtype: str = "float32",
+                 round_index: int = 0, extra: Mapping[str, str] | None = None, **header):
+        if weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPES)}, got {weight_dtype!r}")
+        self.weight_dtype = WEIGHT_DTYPES[weight_dtype]
+        meta = {"payload": PAYLOAD, "weight_dtype": weight_dtype, "round": str(int(round_index))}
+        meta.update(extra or {})
+        declared = {f"{WEIGHT_PREFIX}{info.name}": (self.weight_dtype, info.shape) for info in layers}
+        super().__init__(path, layers, extra=meta, tensors=declared, **header)
+        self.sparsity, self.group = float(header["sparsity"]), header["group"]
+        self.uniform = True
+
+    def add_layer(self, name: str, mask: torch.Tensor, weight: torch.Tensor, votes: torch.Tensor | None = None) -> None:
+        shape = self.shapes.get(name)
+        if shape is not None and tuple(weight.shape) != shape:
+            raise ValueError(f"{name}: weight shape {tuple(weight.shape)} != layer {shape}")
+        stored = weight.detach().to("cpu", self.weight_dtype).clone()
+        if not torch.isfinite(stored).all():
+            raise ValueError(f"{name}: weights are not finite in {self.weight_dtype}")
+        stored[mask.to("cpu", torch.bool)] = 0
+        self.add(name, mask, votes)
+        self.add_tensor(f"{WEIGHT_PREFIX}{name}", stored)
+        self.uniform &= self.pruned[name] == expected_pruned(shape, self.sparsity, self.group)
+
+    def close(self) -> None:
+        self.metadata["allocation"] = "uniform" if self.uniform else "nonuniform"
+        super().close()
+
+
 def write_weight_file(
     path: Path,
     masks: Mapping[str, torch.Tensor],
     weights: Mapping[str, torch.Tensor],
     layers: Sequence[LayerInfo],
     *,
-    fingerprint: str,
-    role: str,
-    client_id: str,
-    method: str,
-    group: str,
-    sparsity: float,
-    n_samples: int = 0,
-    seed: int = 0,
-    n_clients: int = 1,
-    weight_dtype: str = "float32",
-    round_index: int = 0,
     votes: Mapping[str, torch.Tensor] | None = None,
-    extra: Mapping[str, str] | None = None,
+    **header,
 ) -> None:
-    """Write an upload (``role="client"``) or a global result (``role="global"``) for ``layers``
-    (the pruned linears, whole blocks, model order). Weights are stored in ``weight_dtype`` and
-    must be finite and 0 where the mask prunes. ``allocation`` is ``uniform`` when every layer
-    prunes exactly what :func:`fedlib.groups.expected_pruned` says, else ``nonuniform`` (Eq. 7's
-    ceil can be one weight above the floor count)."""
-    if weight_dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPES)}, got {weight_dtype!r}")
-    dtype = WEIGHT_DTYPES[weight_dtype]
-    payload = {}
-    uniform = True
-    for info in layers:
-        mask, weight = masks[info.name], weights[info.name]
-        if tuple(weight.shape) != info.shape:
-            raise ValueError(f"{info.name}: weight shape {tuple(weight.shape)} != layer {info.shape}")
-        stored = weight.detach().to("cpu", dtype).clone()
-        if not torch.isfinite(stored).all():
-            raise ValueError(f"{info.name}: weights are not finite in {weight_dtype}")
-        stored[mask.to("cpu", torch.bool)] = 0
-        payload[f"{WEIGHT_PREFIX}{info.name}"] = stored
-        uniform &= int(mask.sum()) == expected_pruned(info.shape, sparsity, group)
-    meta = {"payload": PAYLOAD, "weight_dtype": weight_dtype, "round": str(int(round_index))}
-    meta.update(extra or {})
-    write_mask_file(
-        path, masks, layers, fingerprint=fingerprint, role=role, client_id=client_id, method=method,
-        group=group, sparsity=sparsity, allocation="uniform" if uniform else "nonuniform",
-        n_samples=n_samples, seed=seed, n_clients=n_clients, votes=votes, extra=meta, tensors=payload,
-    )
+    """A whole weight file at once (:class:`WeightFileWriter` for the fields)."""
+    with WeightFileWriter(path, layers, votes=votes is not None, **header) as writer:
+        for info in layers:
+            writer.add_layer(info.name, masks[info.name], weights[info.name],
+                             None if votes is None else votes[info.name])
 
 
 class WeightFile(MaskFile):
@@ -530,5 +534,5 @@ def pruned_fraction(masks: Mapping[str, torch.Tensor]) -> float:
 __all__ = [
     "FedSpaLLM", "L0Accumulator", "WeightFile", "aggregate_layer", "apply_weight_file", "apply_weights",
     "blocks_per_round", "expand_mask", "open_weight_file", "pruned_fraction", "random_masks",
-    "sample_blocks", "target_count", "uncovered_blocks", "write_weight_file",
+    "sample_blocks", "target_count", "uncovered_blocks", "WeightFileWriter", "write_weight_file",
 ]
