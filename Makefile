@@ -31,7 +31,7 @@ run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --report reports/report.html
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
 
 # the HTML report of rule all's outputs (after `make run`); add named targets with
 # e.g. `make report TARGETS="all figure2 table12"` (after running them)

@@ -176,7 +176,7 @@ def _replaced_weight(current: torch.Tensor, weight=None, mask=None, factor=None)
     if mask is not None or factor is not None:
         new = current.detach().clone() if new is None else new
         if mask is not None:
-            new[mask.to(device=current.device)] = 0
+            new.masked_fill_(mask.to(device=current.device), 0)
         if factor is not None:
             new.mul_(factor.to(device=current.device, dtype=current.dtype))
     return new

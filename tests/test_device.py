@@ -1,0 +1,211 @@
+"""Device placement without a GPU: the block runner under fake CUDA tensors, where an operation
+mixing a host and a device tensor raises exactly as it would on a real GPU; and real CUDA tests
+that run where CUDA exists (skipped here, with the reason printed by ``pytest -rs``).
+
+Under :class:`FakeTensorMode` tensors carry shapes, dtypes and devices but no data, so what
+needs data (mask selection) is replaced by a shape-only stand-in; everything that moves or
+computes (placement, residency, statistics, propagation, weight replacement) runs for real.
+"""
+
+import contextlib
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.overrides import TorchFunctionMode
+
+import fedlib.groups
+import fedlib.runner
+import fedlib.server.fedprllm
+from fedlib.federation import iterative_prune
+from fedlib.models import ModelHandle
+from fedlib.runner import BlockRunner, Placement, place_model, prune_locally
+
+from conftest import tiny_llama
+
+CUDA0 = torch.device("cuda", 0)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+
+class _FakeCudaMethods(TorchFunctionMode):
+    """A CPU-only torch build cannot run two Tensor methods on fake CUDA tensors (their Python
+    bindings take a CUDA device guard first): basic indexing and ``contiguous``. Both are
+    re-expressed through ops that dispatch to the fake kernels, with the same result shapes."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        x = args[0] if args else None
+        if isinstance(x, FakeTensor) and x.device.type == "cuda":
+            if func is torch.Tensor.__getitem__:
+                with torch._C.DisableTorchFunction():
+                    view = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")[args[1]]
+                    return x.as_strided(view.shape, view.stride(), x.storage_offset() + view.storage_offset())
+            if func is torch.Tensor.contiguous:
+                with torch._C.DisableTorchFunction():
+                    return x if x.is_contiguous() else torch.ops.aten.clone.default(
+                        x, memory_format=torch.contiguous_format)
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def fake_cuda(monkeypatch, free_bytes: int = 8 << 30):
+    """Fake CUDA: device tensors without a device. Mask selection (numpy, data-dependent; on
+    the host in fedlib anyway) is replaced by an all-kept mask of the right shape on the host; ``free_bytes`` is what the
+    runner is told the device has free (it decides where activations wait)."""
+
+    def shape_only(scores, sparsity, group, seed, name=""):
+        return torch.zeros(scores.shape, dtype=torch.bool)
+
+    monkeypatch.setattr(fedlib.groups, "prune_lowest", shape_only)  # client methods
+    monkeypatch.setattr(fedlib.server.fedprllm, "prune_lowest", shape_only)  # the server's masks
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_bytes, 16 << 30))
+    with FakeTensorMode(allow_non_fake_inputs=True), _FakeCudaMethods():
+        yield
+
+
+def _record_linear_inputs(model):
+    """(device, dtype) of every linear's input and weight during forwards, by layer name."""
+    seen = {}
+
+    def hook(name):
+        def record(module, inputs, _output):
+            seen.setdefault(name, set()).add((inputs[0].device, inputs[0].dtype, module.weight.device))
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    return seen, handles
+
+
+def _assert_model_untouched(model, reference):
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert not isinstance(p, FakeTensor) and p.device.type == "cpu" and p.dtype == torch.float32, name
+        assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("free_bytes", [8 << 30, 1000], ids=["activations-on-device", "activations-on-host"])
+def test_client_loop_runs_every_block_on_the_device(monkeypatch, free_bytes):
+    model, reference = tiny_llama(), tiny_llama()
+    ids = torch.randint(0, 128, (3, 12))
+    seen, handles = _record_linear_inputs(model)
+    decisions = []
+    with fake_cuda(monkeypatch, free_bytes):
+        result = prune_locally(model, ids, "wanda", 0.5, "row", 0, batch_size=2,
+                               placement=Placement(CUDA0, torch.bfloat16),
+                               on_block=lambda i, d: decisions.append(i))
+    for h in handles:
+        h.remove()
+    assert decisions == [0, 1]
+    block_linears = {n for n in seen if ".layers." in n}
+    assert len(block_linears) == 14  # 7 linears x 2 blocks, each run on the device in bfloat16
+    for name in block_linears:
+        assert seen[name] == {(CUDA0, torch.bfloat16, CUDA0)}, name
+    # masks are the protocol's: on the host, one per linear, of the weight's shape
+    assert len(result.masks) == 14
+    for name, mask in result.masks.items():
+        assert mask.device.type == "cpu" and mask.dtype == torch.bool
+        assert tuple(mask.shape) == tuple(model.get_submodule(name).weight.shape)
+    # the host model is given back as it was: real float32 CPU tensors, same values
+    _assert_model_untouched(model, reference)
+
+
+@pytest.mark.parametrize("forgotten", ["block kwargs", "activations"])
+def test_a_forgotten_move_to_the_device_is_caught(monkeypatch, forgotten):
+    """The mechanism catches the bug it is for: if the blocks' keyword arguments (the rotary
+    cos/sin tables) or the activations waiting on the host were not moved to the device, the
+    fake run fails as a GPU run would."""
+    model = tiny_llama()
+    ids = torch.randint(0, 128, (2, 8))
+    if forgotten == "block kwargs":
+        real_move = Placement.move
+        monkeypatch.setattr(Placement, "move", lambda self, v: v if isinstance(v, dict) else real_move(self, v))
+    else:
+        monkeypatch.setattr(fedlib.runner._DeviceBatches, "__getitem__", lambda self, i: self.batches[i])
+    with fake_cuda(monkeypatch, free_bytes=1000), pytest.raises(RuntimeError, match="cuda:0 and cpu|cpu and cuda:0"):
+        prune_locally(model, ids, "wanda", 0.5, "row", 0, placement=Placement(CUDA0, torch.bfloat16))
+
+
+def test_iterative_rounds_run_on_the_device(monkeypatch):
+    """Iterative FedPrLLM: server masks between blocks, every client's activations through the
+    block under the global masks, on the device."""
+    model, reference = tiny_llama(), tiny_llama()
+    clients = [torch.randint(0, 128, (2, 8)) for _ in range(3)]
+    seen, handles = _record_linear_inputs(model)
+    with fake_cuda(monkeypatch):
+        result = iterative_prune(model, clients, "wanda", 0.5, "row", "layer", 0, batch_size=1, scale=True,
+                                 placement=Placement(CUDA0, torch.float16))
+    for h in handles:
+        h.remove()
+    assert len(result.rounds) == 2 and len(result.masks) == 14
+    assert all(m.device.type == "cpu" for m in result.masks.values())
+    assert {v for n, vs in seen.items() if ".layers." in n for v in vs} == {(CUDA0, torch.float16, CUDA0)}
+    _assert_model_untouched(model, reference)
+
+
+def test_final_logits_come_from_the_device(monkeypatch):
+    """Perplexity's path: blocks streamed, then the model's own norm and head on the device."""
+    model = tiny_llama()
+    with fake_cuda(monkeypatch):
+        runner = BlockRunner(model, [torch.randint(0, 128, (2, 8))], Placement(CUDA0, torch.bfloat16),
+                             batch_size=2, final_outputs=True)
+        for step in runner.steps():
+            step.propagate(0)
+        logits = list(runner.logits(0))
+    assert [tuple(x.shape) for x in logits] == [(2, 8, 128)]
+    assert logits[0].device == CUDA0 and logits[0].dtype == torch.bfloat16
+    assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+def test_place_model_puts_everything_on_the_device(monkeypatch):
+    """Zero-shot's path: the whole model on the device, blocks moved one at a time."""
+    with fake_cuda(monkeypatch):
+        placed = place_model(ModelHandle.of(tiny_llama()), Placement(CUDA0, torch.bfloat16))
+        out = placed(input_ids=torch.zeros(1, 4, dtype=torch.long).to(device=CUDA0)).logits
+    assert out.device == CUDA0
+    assert {(p.device, p.dtype) for p in placed.parameters()} == {(CUDA0, torch.bfloat16)}
+    assert {b.device for b in placed.buffers()} == {CUDA0}
+
+
+def test_device_choices():
+    assert Placement.resolve("auto", "bfloat16") == Placement(
+        torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"), torch.bfloat16)
+    assert Placement.resolve("cpu").label == "cpu/float32"
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N, got 'tpu'"):
+        Placement.resolve("tpu")
+    with pytest.raises(ValueError, match="dtype"):
+        Placement.resolve("cpu", "int8")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available here"):
+            Placement.resolve("cuda:1")
+
+
+# --------------------------------------------------------------------------- real CUDA
+
+
+@needs_cuda
+def test_cuda_masks_match_cpu_masks():
+    """Same statistics on either device: Wanda masks on CUDA (float32) equal the CPU ones up to
+    the order of floating-point sums (near-ties)."""
+    model = tiny_llama(hidden=64)
+    ids = torch.randint(0, 128, (4, 32))
+    cpu = prune_locally(model, ids, "wanda", 0.5, "row", 0)
+    gpu = prune_locally(model, ids, "wanda", 0.5, "row", 0, placement=Placement.resolve("cuda", "float32"))
+    agree = sum(int((cpu.masks[n] == gpu.masks[n]).sum()) for n in cpu.masks)
+    total = sum(m.numel() for m in cpu.masks.values())
+    assert agree / total >= 0.999
+    assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+@needs_cuda
+def test_cuda_peak_memory_is_one_block_plus_activations():
+    from fedlib.evaluate.perplexity import perplexity
+
+    model = tiny_llama(layers=8, hidden=256)
+    ids = torch.randint(0, 128, (4, 64))
+    cuda = Placement.resolve("cuda", "float32")
+    torch.cuda.reset_peak_memory_stats()
+    on_gpu = perplexity(model, ids, batch_size=2, placement=cuda)["ppl"]
+    peak = torch.cuda.max_memory_allocated()
+    block_bytes = sum(p.numel() * 4 for p in model.model.layers[0].parameters())
+    whole_bytes = sum(p.numel() * 4 for p in model.parameters())
+    assert peak < whole_bytes  # never the whole model
+    assert peak >= block_bytes
+    assert on_gpu == pytest.approx(perplexity(model, ids, batch_size=2)["ppl"], rel=1e-4)
