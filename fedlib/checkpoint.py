@@ -48,7 +48,8 @@ class StoredTensor:
     nbytes: int
 
 
-def _read_header(path: Path) -> dict[str, StoredTensor]:
+def stored_tensors(path: Path) -> dict[str, StoredTensor]:
+    """The tensors a safetensors file holds (from its header; nothing else is read)."""
     size = path.stat().st_size
     with open(path, "rb") as handle:
         raw = handle.read(8)
@@ -100,7 +101,7 @@ class Checkpoint:
             path = self.folder / name
             if not path.is_file():
                 raise CheckpointError(index, f"shard {name} is missing")
-            self.tensors.update(_read_header(path))
+            self.tensors.update(stored_tensors(path))
 
     @staticmethod
     def exists(folder: Path | str) -> bool:

@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = verb("materialize-model", cmd_materialize_model,
-             "convert a model (e.g. the embedded alias smollm2-135m) to a float32 safetensors folder")
+             "convert a model (e.g. an embedded alias: smollm2-135m, gemma3-270m) to a float32 safetensors folder")
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
 

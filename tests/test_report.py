@@ -3,15 +3,18 @@
 import csv
 import json
 import struct
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from fedlib.cli import main
 from fedlib.plots import figure_size
+from fedlib.provenance import source_commit, written_by
 from fedlib.report import write_spec_table
 
 CONTEXT = {"model": "tiny", "config": "config.yaml", "config_hash": "0123456789ab", "seed": 0,
-           "commit": "abc1234", "lines": ["3 clients, 3 calibration samples (IID split)"]}
+           "lines": ["3 clients, 3 calibration samples (IID split)"]}
 
 
 def png_size(path):
@@ -79,8 +82,8 @@ def test_zeroshot_table_from_a_spec(tmp_path):
     assert rows[1] == ["Dense", "-", "50.00", "60.00", "55.00"]
     assert rows[2] == ["Local-only", "-", "45.00 ± 7.07", "50.00 ± 0.00", "47.50 ± 3.54"]
     header = md.read_text()
-    for fact in ("limit 20 per task", "HellaSwag 20 of 100", "sha256 0123456789ab", "fedlib 0.1.0",
-                 "commit abc1234", "fingerprint ffffffffffffffff", "3 clients", "standard error"):
+    for fact in ("limit 20 per task", "HellaSwag 20 of 100", "sha256 0123456789ab", f"written by {written_by()}",
+                 "fingerprint ffffffffffffffff", "3 clients", "standard error"):
         assert fact in header, fact
     assert "<td class=\"num\">47.50 ± 3.54</td>" in page.read_text()
     # results scored with another limit do not go into one table silently
@@ -120,3 +123,17 @@ def test_plot_verb_writes_pngs_of_the_expected_size(tmp_path):
     out = tmp_path / "sparsity.png"
     assert main(["plot", "--spec", str(spec_file), "--out", str(out)]) == 0
     assert png_size(out) == figure_size(1)
+
+
+def test_tables_name_the_commit_of_the_code_that_wrote_them():
+    """Provenance is read when the table is written (a rule parameter would rerun every report
+    job after any commit): the checkout's HEAD, marked when the library or workflow differs."""
+    repo = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    if not head:
+        pytest.skip("not a git checkout")
+    changed = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--",
+                              "fedlib", "workflow", "Snakefile"], capture_output=True, text=True).stdout.strip()
+    assert source_commit() == head + ("+changes" if changed else "")
+    assert written_by().endswith(f"commit {source_commit()}")

@@ -2,7 +2,7 @@
 
 :func:`write_reports` takes a spec (built by ``workflow/rules/privacy.smk``)::
 
-    {"context": {model, config, config_hash, seed, commit, lines},   # as report_context()
+    {"context": {model, config, config_hash, seed, lines},   # as report_context()
      "out_dir": "reports", "suffix": "" | "_full", "size": "run" | "full",
      "entropy": JSON, "similarity": JSON, "sensitivity": JSON, "membership": JSON,
      "inversion": JSON,
@@ -12,8 +12,8 @@
 and writes ``privacy_<analysis><suffix>.md/.csv/.html`` for every analysis present, plus
 ``privacy_entropy_layers<suffix>.csv`` (every layer), ``privacy_membership_roc<suffix>.png``
 and ``privacy_defence<suffix>.png``. Every table header starts with the provenance lines
-of the other tables (model + fingerprint, config + hash, seed, fedlib version, commit, the
-setting) and then says exactly what was computed, with its sizes.
+of the other tables (model + fingerprint, config + hash, seed, the fedlib version and commit that
+wrote it, the setting) and then says exactly what was computed, with its sizes.
 """
 
 from __future__ import annotations
@@ -62,13 +62,12 @@ def _cell(text: str, limit: int = 160) -> str:
 
 def provenance(context: dict, fingerprint: str | None) -> list[str]:
     """The provenance lines every report table starts with (as fedlib.report.provenance_lines)."""
-    from fedlib import __version__
+    from fedlib.provenance import written_by
 
     config_hash = f" (sha256 {context['config_hash']})" if context.get("config_hash") else ""
     return [
         f"Model: {context.get('model', '?')} (fingerprint {(fingerprint or '?')[:16]})",
-        f"Config: {context.get('config', '?')}{config_hash}; seed {context.get('seed')}; "
-        f"fedlib {__version__}, commit {context.get('commit', '?')}",
+        f"Config: {context.get('config', '?')}{config_hash}; seed {context.get('seed')}; written by {written_by()}",
         *context.get("lines", []),
     ]
 
@@ -326,8 +325,10 @@ def membership_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[
 
 def _caption(spec: dict, fingerprint: str, extra: str) -> str:
     c = spec["context"]
+    from fedlib.provenance import written_by
+
     return (f"{c.get('model')} (fingerprint {fingerprint[:12]}); config {c.get('config')}; seed {c.get('seed')}; "
-            f"commit {c.get('commit')}. {extra}")
+            f"{written_by()}. {extra}")
 
 
 def _plt():

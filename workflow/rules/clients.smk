@@ -9,10 +9,12 @@ rule client_mask:
         model=model_folder,
         pruning=mask_args,
         seed=config["seed"],
-        batch_size=config["pruning"].get("batch_size", 8),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
     threads: config.get("threads", 2)
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("blocks", tokens=["calib"]),
+        gpu=MODEL_JOB_GPUS,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -20,9 +22,9 @@ rule client_mask:
     benchmark:
         f"{BENCH}/client_mask/{{calib}}/{{split}}/{{prune}}/{{client}}.tsv"
     shell:
-        "fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
         "--seed {params.seed} --client-id {wildcards.client} --batch-size {params.batch_size} "
-        "--threads {threads} --out {output} > {log} 2>&1"
+        "{params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule centralized_mask:
@@ -36,10 +38,12 @@ rule centralized_mask:
         model=model_folder,
         pruning=mask_args,
         seed=config["seed"],
-        batch_size=config["pruning"].get("batch_size", 8),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
     threads: config.get("threads", 2)
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("blocks", tokens=["calib"]),
+        gpu=MODEL_JOB_GPUS,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -47,6 +51,6 @@ rule centralized_mask:
     benchmark:
         f"{BENCH}/centralized_mask/{{calib}}/{{prune}}.tsv"
     shell:
-        "fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
         "--seed {params.seed} --client-id centralized --batch-size {params.batch_size} "
-        "--threads {threads} --out {output} > {log} 2>&1"
+        "{params.placement} --threads {threads} --out {output} > {log} 2>&1"

@@ -1,17 +1,24 @@
+import errno
 import json
 import os
-import subprocess
+import shlex
 from pathlib import Path
 
 from snakemake.utils import validate
 
 validate(config, "../schemas/config.schema.yaml")
 
+# Jobs run this checkout's fedlib (`python -m fedlib`) in whatever environment they get: the
+# .venv of `make install`, or a conda environment of envs/fedlib.yaml (dependencies only).
+# (braces doubled twice: once for this f-string, once for Snakemake's own formatting)
+shell.prefix(f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+
 RESULTS = config["results_dir"]
 REPORTS = config["reports_dir"]
 LOGS = f"{RESULTS}/logs"
 BENCH = f"{RESULTS}/benchmarks"
-EMBEDDED_MODELS = {"smollm2-135m"}
+from fedlib.embedded import EMBEDDED  # the library's list (= fedlib.models.EMBEDDED; no torch import)
+EMBEDDED_MODELS = set(EMBEDDED)
 EVAL = config["evaluation"]
 
 # An experiment setting is three path components, so every table can mix settings and
@@ -29,14 +36,6 @@ wildcard_constraints:
     dataset=r"wikitext2|c4|ptb",
 
 
-def _commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True, cwd=workflow.basedir).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def model_dir():
     """Embedded aliases and hub ids are materialized once under resources/; local folders are used as is."""
     name = config["model"]["name"]
@@ -51,6 +50,40 @@ MODEL_READY = f"{model_dir()}/config.json"
 def model_folder(wildcards, input):
     """The model folder a job loads: derived from its `model` input, so the path is written once."""
     return os.path.dirname(input.model)
+
+
+# Where jobs that run the model compute (fedlib.runner.Placement), and what they ask a cluster
+# for: one GPU unless the config says cpu (`auto` takes CUDA where the node has it), host
+# memory from what the job loads (fedlib.jobsize; Snakemake calls it once the inputs exist).
+DEVICE = config.get("device", "auto")
+DTYPE = config.get("dtype", "float32")
+PLACEMENT_ARGS = f"--device {DEVICE} --dtype {DTYPE}"
+MODEL_JOB_GPUS = 0 if DEVICE == "cpu" else 1
+PRUNE_BATCH = config["pruning"].get("batch_size", 8)
+
+
+def _files(value):
+    return [value] if isinstance(value, str) else list(value)
+
+
+def job_mem_mb(kind, tokens=(), count=None, batch_size=PRUNE_BATCH, logits=False):
+    """A rule's mem_mb: ``kind`` of job (fedlib.jobsize.KINDS) on the rule's model input, with
+    the token files of its inputs named in ``tokens``, or ``count(wildcards)`` = (tokens,
+    tokens per sample) for jobs that draw their samples themselves; times the attempt."""
+    from fedlib.jobsize import host_mem_mb, tokens_in
+
+    def mem_mb(wildcards, input, attempt):
+        for path in input:  # Snakemake shows <TBD> until the inputs exist (dry runs)
+            if not os.path.exists(path):
+                raise FileNotFoundError(errno.ENOENT, "not created yet", path)
+        if count is not None:
+            size = count(wildcards)
+        else:
+            size = tokens_in(f for name in tokens for f in _files(getattr(input, name)))
+        # a retry (profile `retries`) after running out of memory asks for more
+        return attempt * host_mem_mb(model_folder(wildcards, input), kind, DTYPE, size, batch_size, logits)
+
+    return mem_mb
 
 
 def data_dir_arg():
@@ -142,10 +175,12 @@ def fedprllm_labels(strategies=None, groups=None, scalings=None):
 
 
 def config_hash():
-    """sha256 (first 12 hex digits) of the whole validated config, defaults filled in."""
+    """sha256 (first 12 hex digits) of the validated config, defaults filled in, without
+    `threads` (how fast, not what is computed)."""
     import hashlib
 
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    hashed = {key: value for key, value in config.items() if key != "threads"}
+    return hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def config_files():
@@ -176,7 +211,6 @@ def report_context(calib, split, prune, title_extra=""):
         "config": config_files(),
         "seed": config["seed"],
         "config_hash": config_hash(),
-        "commit": _commit(),
         "lines": [
             f"{n} clients, {pool_description(dataset, nsamples)} x {seqlen} tokens "
             f"({partition} split); local method {method} with {group_arg(group)} comparison "

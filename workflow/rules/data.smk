@@ -1,5 +1,6 @@
 rule calibration_pool:
     """All calibration samples of a setting (seeded random windows); Centralized uses them all."""
+    localrule: True
     input:
         model=MODEL_READY,
     output:
@@ -19,13 +20,14 @@ rule calibration_pool:
     benchmark:
         f"{BENCH}/calibration_pool/{{calib}}.tsv"
     shell:
-        "fedlib calibration-pool --model {params.model} --data-dir {params.data_dir} "
+        "python -m fedlib calibration-pool --model {params.model} --data-dir {params.data_dir} "
         "--dataset {params.dataset} --nsamples {params.nsamples} --seqlen {params.seqlen} "
         "--seed {params.seed} {params.docs} --out {output} > {log} 2>&1"
 
 
 rule client_data:
     """One client's private calibration shard."""
+    localrule: True
     input:
         f"{RESULTS}/pools/{{calib}}.safetensors",
     output:
@@ -41,11 +43,12 @@ rule client_data:
     benchmark:
         f"{BENCH}/client_data/{{calib}}/{{split}}/{{client}}.tsv"
     shell:
-        "fedlib client-data --pool {input} --n-clients {params.n} --client {wildcards.client} "
+        "python -m fedlib client-data --pool {input} --n-clients {params.n} --client {wildcards.client} "
         "--partition {params.partition} --seed {params.seed} --out {output} > {log} 2>&1"
 
 
 rule eval_windows:
+    localrule: True
     input:
         model=MODEL_READY,
     output:
@@ -63,6 +66,6 @@ rule eval_windows:
     benchmark:
         f"{BENCH}/eval_windows/{{dataset}}.tsv"
     shell:
-        "fedlib eval-windows --model {params.model} --data-dir {params.data_dir} "
+        "python -m fedlib eval-windows --model {params.model} --data-dir {params.data_dir} "
         "--dataset {wildcards.dataset} --seqlen {params.seqlen} {params.windows} {params.c4_docs} "
         "--out {output} > {log} 2>&1"

@@ -7,9 +7,11 @@ rule evaluate_dense:
     params:
         model=model_folder,
         batch_size=EVAL.get("batch_size", 1),
+        placement=PLACEMENT_ARGS,
     threads: config.get("threads", 2)
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("blocks", tokens=["windows"], batch_size=EVAL.get("batch_size", 1), logits=True),
+        gpu=MODEL_JOB_GPUS,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -17,8 +19,8 @@ rule evaluate_dense:
     benchmark:
         f"{BENCH}/evaluate/dense.tsv"
     shell:
-        "fedlib evaluate --model {params.model} --windows {input.windows} --label dense "
-        "--batch-size {params.batch_size} --threads {threads} --out {output} > {log} 2>&1"
+        "python -m fedlib evaluate --model {params.model} --windows {input.windows} --label dense "
+        "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule evaluate_perplexity:
@@ -33,9 +35,11 @@ rule evaluate_perplexity:
         model=model_folder,
         variant=lambda wc: variant_of(wc)[1],
         batch_size=EVAL.get("batch_size", 1),
+        placement=PLACEMENT_ARGS,
     threads: config.get("threads", 2)
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("blocks", tokens=["windows"], batch_size=EVAL.get("batch_size", 1), logits=True),
+        gpu=MODEL_JOB_GPUS,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -43,6 +47,6 @@ rule evaluate_perplexity:
     benchmark:
         f"{BENCH}/evaluate/{{calib}}/{{split}}/{{prune}}/{{label}}.tsv"
     shell:
-        "fedlib evaluate --model {params.model} {params.variant} "
+        "python -m fedlib evaluate --model {params.model} {params.variant} "
         "--windows {input.windows} --label {wildcards.label} --batch-size {params.batch_size} "
-        "--threads {threads} --out {output} > {log} 2>&1"
+        "{params.placement} --threads {threads} --out {output} > {log} 2>&1"

@@ -1,4 +1,7 @@
 rule materialize_model:
+    """The model as a safetensors folder, once. Runs on the submit host: it may download from
+    the hub, which cluster nodes often cannot reach."""
+    localrule: True
     output:
         config=f"resources/models/{{model}}/config.json",
         weights=f"resources/models/{{model}}/model.safetensors",
@@ -13,4 +16,4 @@ rule materialize_model:
     resources:
         mem_mb=4000,
     shell:
-        "fedlib materialize-model --model {params.name} --out resources/models/{wildcards.model} > {log} 2>&1"
+        "python -m fedlib materialize-model --model {params.name} --out resources/models/{wildcards.model} > {log} 2>&1"

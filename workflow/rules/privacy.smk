@@ -11,7 +11,7 @@ rule privacy_entropy:
         model=model_folder,
     threads: 1
     resources:
-        mem_mb=3000,
+        mem_mb=job_mem_mb("layers"),
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -19,7 +19,7 @@ rule privacy_entropy:
     benchmark:
         f"{BENCH}/privacy/entropy.tsv"
     shell:
-        "fedlib privacy entropy --model {params.model} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
+        "python -m fedlib privacy entropy --model {params.model} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
 
 
 rule privacy_similarity:
@@ -41,10 +41,12 @@ rule privacy_similarity:
                 data_dir_arg(), span_arg("--docs", config["calibration"].get("c4_docs")))
             if priv(wc.size, "similarity")["seeds"] else ""
         ),
-        batch_size=config["pruning"].get("batch_size", 8),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
     threads: config.get("threads", 2)
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("blocks", count=priv_similarity_tokens),
+        gpu=lambda wc: MODEL_JOB_GPUS if priv(wc.size, "similarity")["seeds"] else 0,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -52,8 +54,8 @@ rule privacy_similarity:
     benchmark:
         f"{BENCH}/privacy/{{size}}/similarity.tsv"
     shell:
-        "fedlib privacy similarity --model {params.model} {params.pruning} {params.seeds} "
-        "--batch-size {params.batch_size} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
+        "python -m fedlib privacy similarity --model {params.model} {params.pruning} {params.seeds} "
+        "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
 
 
 rule privacy_sensitivity:
@@ -72,10 +74,12 @@ rule privacy_sensitivity:
         pruning=priv_pruning_args(),
         neighbours=lambda wc: priv(wc.size, "sensitivity")["neighbours"],
         blocks=lambda wc: priv(wc.size, "sensitivity")["blocks"] or "all",
-        batch_size=config["pruning"].get("batch_size", 8),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("blocks", tokens=["calib", "replacements"]),
+        gpu=MODEL_JOB_GPUS,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -83,9 +87,9 @@ rule privacy_sensitivity:
     benchmark:
         f"{BENCH}/privacy/{{size}}/sensitivity.tsv"
     shell:
-        "fedlib privacy sensitivity --model {params.model} {params.pruning} --calib {input.calib} "
+        "python -m fedlib privacy sensitivity --model {params.model} {params.pruning} --calib {input.calib} "
         "--base-mask {input.base} --replacements {input.replacements} --neighbours {params.neighbours} --blocks {params.blocks} "
-        "--batch-size {params.batch_size} --threads {threads} --out {output} > {log} 2>&1"
+        "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule privacy_membership:
@@ -105,10 +109,12 @@ rule privacy_membership:
         blocks=lambda wc: priv(wc.size, "membership")["blocks"] or "all",
         samples=lambda wc: priv_membership_samples(wc.size),
         epsilons=lambda wc: " ".join(_eps_name(e) for e in priv_membership_epsilons(wc.size)),
-        batch_size=config["pruning"].get("batch_size", 8),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
     threads: 1
     resources:
-        mem_mb=3000,
+        mem_mb=job_mem_mb("blocks", tokens=["population"]),
+        gpu=MODEL_JOB_GPUS,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -116,9 +122,9 @@ rule privacy_membership:
     benchmark:
         f"{BENCH}/privacy/{{size}}/membership.tsv"
     shell:
-        "fedlib privacy membership --model {params.model} {params.pruning} --population {input.population} "
+        "python -m fedlib privacy membership --model {params.model} {params.pruning} --population {input.population} "
         "--targets {params.targets} --samples {params.samples} --pairs {params.pairs} --blocks {params.blocks} "
-        "--epsilons {params.epsilons} --batch-size {params.batch_size} --threads {threads} "
+        "--epsilons {params.epsilons} --batch-size {params.batch_size} {params.placement} --threads {threads} "
         "--out {output} > {log} 2>&1"
 
 
@@ -143,7 +149,7 @@ rule privacy_inversion:
         tiny=lambda wc: " ".join(str(t) for t in priv(wc.size, "inversion")["tiny"]),
     threads: 1
     resources:
-        mem_mb=3000,
+        mem_mb=job_mem_mb("blocks", tokens=["texts", "prior"]),
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -151,7 +157,7 @@ rule privacy_inversion:
     benchmark:
         f"{BENCH}/privacy/{{size}}/inversion.tsv"
     shell:
-        "fedlib privacy inversion --model {params.model} --texts {input.texts} --per-length {params.per_length} "
+        "python -m fedlib privacy inversion --model {params.model} --texts {input.texts} --per-length {params.per_length} "
         "--sparsity {params.sparsity} --group {params.group} --seed {params.seed} --steps {params.steps} "
         "--prior-tokens {input.prior} {params.prior} --tiny-lengths {params.tiny} --threads {threads} "
         "--out {output} > {log} 2>&1"
@@ -175,7 +181,7 @@ rule privacy_rr_aggregate:
         seed=config["seed"],
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("layers"),
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -183,7 +189,7 @@ rule privacy_rr_aggregate:
     benchmark:
         f"{BENCH}/privacy/defence/rr{{eps}}_{{group}}.tsv"
     shell:
-        "fedlib privacy rr-aggregate --model {params.model} --epsilon {wildcards.eps} --group {params.group} "
+        "python -m fedlib privacy rr-aggregate --model {params.model} --epsilon {wildcards.eps} --group {params.group} "
         "--sparsity {params.sparsity} --seed {params.seed} --clean-global {input.clean} --threads {threads} "
         "--out {output.mask} --record {output.record} {input.masks} > {log} 2>&1"
 
@@ -202,9 +208,11 @@ rule privacy_defence_eval:
     params:
         model=model_folder,
         batch_size=EVAL.get("batch_size", 1),
+        placement=PLACEMENT_ARGS,
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("blocks", tokens=["windows"], batch_size=EVAL.get("batch_size", 1), logits=True),
+        gpu=MODEL_JOB_GPUS,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -212,8 +220,8 @@ rule privacy_defence_eval:
     benchmark:
         f"{BENCH}/privacy/{{size}}/defence/rr{{eps}}_{{group}}.eval.tsv"
     shell:
-        "fedlib evaluate --model {params.model} --mask {input.mask} --windows {input.windows} "
-        "--label rr{wildcards.eps}_{wildcards.group} --batch-size {params.batch_size} --threads {threads} "
+        "python -m fedlib evaluate --model {params.model} --mask {input.mask} --windows {input.windows} "
+        "--label rr{wildcards.eps}_{wildcards.group} --batch-size {params.batch_size} {params.placement} --threads {threads} "
         "--out {output} > {log} 2>&1"
 
 
@@ -222,6 +230,7 @@ for _size in ("run", "full"):
     rule:
         name:
             f"privacy_report_{_size}"
+        localrule: True
         input:
             priv_report_inputs(_size),
         output:
@@ -235,7 +244,7 @@ for _size in ("run", "full"):
         benchmark:
             f"{BENCH}/report/privacy_{_size}.tsv"
         shell:
-            "fedlib privacy report --spec {params.spec:q} > {log} 2>&1"
+            "python -m fedlib privacy report --spec {params.spec:q} > {log} 2>&1"
 
 
 rule privacy:

@@ -100,6 +100,14 @@ def priv_prior_pool(size):
     return [f"{RESULTS}/pools/wikitext2-{inv['prior_samples']}x{parse_calib(PRIV_CALIB)[2]}.safetensors"]
 
 
+def priv_similarity_tokens(wc):
+    """(tokens, tokens per sample) of one seeded calibration draw of the similarity analysis
+    (the draws run one at a time; none without seeds)."""
+    sim = priv(wc.size, "similarity")
+    seqlen = parse_calib(PRIV_CALIB)[2]
+    return (sim["seed_samples"] * seqlen if sim["seeds"] else 0, seqlen)
+
+
 def priv_replacement_shards(size):
     """Other clients' shards: the samples that replace one of client 0's."""
     _, n = parse_split(PRIV_SPLIT)

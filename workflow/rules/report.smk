@@ -1,5 +1,6 @@
 rule table1:
     """FedPrLLM Table 1 analogue (Markdown + CSV) for the default setting."""
+    localrule: True
     input:
         table_rule_inputs(table1_spec()),
     output:
@@ -15,5 +16,5 @@ rule table1:
     benchmark:
         f"{BENCH}/report/table1.tsv"
     shell:
-        "fedlib report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
+        "python -m fedlib report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
         "--out-html {output.html} > {log} 2>&1"

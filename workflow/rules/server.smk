@@ -12,7 +12,7 @@ rule aggregate:
         group=lambda wc: group_arg(wc.group),
         seed=config["seed"],
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("layers"),
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -20,7 +20,7 @@ rule aggregate:
     benchmark:
         f"{BENCH}/aggregate/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.tsv"
     shell:
-        "fedlib aggregate --model {params.model} --strategy fedprllm --group {params.group} "
+        "python -m fedlib aggregate --model {params.model} --strategy fedprllm --group {params.group} "
         "--sparsity {params.sparsity} --seed {params.seed} --out {output} {input.masks} > {log} 2>&1"
 
 
@@ -41,10 +41,12 @@ rule iterative:
         group=lambda wc: group_arg(wc.group),
         scale=lambda wc: "--scale" if wc.run == "iterative-scaled" else "",
         seed=config["seed"],
-        batch_size=config["pruning"].get("batch_size", 8),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
     threads: config.get("threads", 2)
     resources:
-        mem_mb=6000,
+        mem_mb=job_mem_mb("blocks", tokens=["calib"]),
+        gpu=MODEL_JOB_GPUS,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -52,9 +54,9 @@ rule iterative:
     benchmark:
         f"{BENCH}/iterative/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.tsv"
     shell:
-        "fedlib iterative --model {params.model} --calib {input.calib} {params.pruning} "
+        "python -m fedlib iterative --model {params.model} --calib {input.calib} {params.pruning} "
         "--server-group {params.group} {params.scale} --seed {params.seed} --batch-size {params.batch_size} "
-        "--threads {threads} --out {output.mask} --record {output.record} > {log} 2>&1"
+        "{params.placement} --threads {threads} --out {output.mask} --record {output.record} > {log} 2>&1"
 
 
 rule fedspallm:
@@ -77,10 +79,12 @@ rule fedspallm:
         group=lambda wc: group_arg(parse_prune(wc.prune)[2]),
         rounds=FEDSPALLM.get("rounds", 1),
         seed=config["seed"],
-        batch_size=config["pruning"].get("batch_size", 8),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
     threads: config.get("threads", 2)
     resources:
-        mem_mb=8000,
+        mem_mb=job_mem_mb("blocks+weights", tokens=["calib"]),
+        gpu=MODEL_JOB_GPUS,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -88,9 +92,9 @@ rule fedspallm:
     benchmark:
         f"{BENCH}/fedspallm/{{calib}}/{{split}}/{{prune}}.tsv"
     shell:
-        "fedlib fedspallm --model {params.model} --calib {input.calib} --sparsity {params.sparsity} "
+        "python -m fedlib fedspallm --model {params.model} --calib {input.calib} --sparsity {params.sparsity} "
         "--group {params.group} --rounds {params.rounds} --seed {params.seed} --batch-size {params.batch_size} "
-        "--threads {threads} --standalone-out {output.standalone} --out {output.weights} "
+        "{params.placement} --threads {threads} --standalone-out {output.standalone} --out {output.weights} "
         "--record {output.record} > {log} 2>&1"
 
 
@@ -105,6 +109,8 @@ rule random_mask:
     params:
         model=model_folder,
         seed=config["seed"],
+    resources:
+        mem_mb=job_mem_mb("layers"),
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -112,5 +118,5 @@ rule random_mask:
     benchmark:
         f"{BENCH}/random_mask/{{sparsity}}.tsv"
     shell:
-        "fedlib random-mask --model {params.model} --sparsity {wildcards.sparsity} --seed {params.seed} "
+        "python -m fedlib random-mask --model {params.model} --sparsity {wildcards.sparsity} --seed {params.seed} "
         "--out {output} > {log} 2>&1"

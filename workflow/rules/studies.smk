@@ -5,6 +5,7 @@ for _name, _spec in STUDY_SPECS.items():
     rule:
         name:
             f"study_{_name}"
+        localrule: True
         input:
             table_rule_inputs(_spec()),
         output:
@@ -20,7 +21,7 @@ for _name, _spec in STUDY_SPECS.items():
         benchmark:
             f"{BENCH}/report/{_name}.tsv"
         shell:
-            "fedlib report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
+            "python -m fedlib report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
             "--out-html {output.html} > {log} 2>&1"
 
 
@@ -29,6 +30,7 @@ for _name, _spec in STUDY_PLOTS.items():
     rule:
         name:
             f"plot_{_name}"
+        localrule: True
         input:
             plot_rule_inputs(_spec()),
         output:
@@ -42,7 +44,7 @@ for _name, _spec in STUDY_PLOTS.items():
         benchmark:
             f"{BENCH}/report/{_name}_plot.tsv"
         shell:
-            "fedlib plot --spec {params.spec:q} --out {output} > {log} 2>&1"
+            "python -m fedlib plot --spec {params.spec:q} --out {output} > {log} 2>&1"
 
 
 for _name in STUDY_SPECS:

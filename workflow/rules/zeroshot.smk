@@ -10,9 +10,11 @@ rule zeroshot_dense:
     params:
         model=model_folder,
         args=ZEROSHOT_ARGS,
+        placement=PLACEMENT_ARGS,
     threads: config.get("threads", 2)
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("zeroshot", batch_size=ZEROSHOT.get("batch_size", 8)),
+        gpu=MODEL_JOB_GPUS,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -20,8 +22,8 @@ rule zeroshot_dense:
     benchmark:
         f"{BENCH}/zeroshot/dense.tsv"
     shell:
-        "fedlib zeroshot --model {params.model} {params.args} --label dense "
-        "--threads {threads} --out {output} > {log} 2>&1"
+        "python -m fedlib zeroshot --model {params.model} {params.args} --label dense "
+        "{params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule zeroshot:
@@ -37,9 +39,11 @@ rule zeroshot:
         model=model_folder,
         variant=lambda wc: variant_of(wc)[1],
         args=ZEROSHOT_ARGS,
+        placement=PLACEMENT_ARGS,
     threads: config.get("threads", 2)
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem_mb("zeroshot", batch_size=ZEROSHOT.get("batch_size", 8)),
+        gpu=MODEL_JOB_GPUS,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -47,5 +51,5 @@ rule zeroshot:
     benchmark:
         f"{BENCH}/zeroshot/{{calib}}/{{split}}/{{prune}}/{{label}}.tsv"
     shell:
-        "fedlib zeroshot --model {params.model} {params.variant} {params.args} "
-        "--label {wildcards.label} --threads {threads} --out {output} > {log} 2>&1"
+        "python -m fedlib zeroshot --model {params.model} {params.variant} {params.args} "
+        "--label {wildcards.label} {params.placement} --threads {threads} --out {output} > {log} 2>&1"

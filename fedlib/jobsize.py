@@ -1,0 +1,130 @@
+"""The host memory a job needs, from what it will load: the model checkpoint's tensor sizes
+(read from its safetensors headers, never the weights), the compute dtype and the token files
+it is given. The workflow asks for this as each rule's ``mem_mb`` (Snakemake evaluates it once
+the job's inputs exist), so a 7B job on a memory-enforcing cluster asks for what it uses and a
+135M job does not ask for 64 GB.
+
+What each kind of job holds at its peak (``kind``):
+
+``blocks``
+    The block runner (client masks, iterative, FedSpaLLM, perplexity, privacy masks): the
+    non-block modules in the compute dtype, one block as stored plus its placed copy plus
+    float32 working copies and statistics, and every client's activations between blocks
+    (input and output of the block, in the compute dtype) plus one batch's intermediates.
+``blocks+weights``
+    FedSpaLLM: the block runner, plus the global model's pruned weights (2 bytes per
+    parameter) and masks (1 byte), which are kept until the last round has been aggregated.
+``zeroshot``
+    lm-evaluation-harness on the whole model placed at once: every parameter in the compute
+    dtype (plus the stored copy of a block while it is read), lm-eval with the tasks'
+    documents, and a batch of requests' float32 logits and log-probabilities (up to
+    :data:`ZEROSHOT_TOKENS` tokens each).
+``layers``
+    Mask files only (server aggregation, random masks, randomized response, entropy): a few
+    copies of the largest layer's votes, scores and sort keys.
+
+Accelerator memory is not a Snakemake resource; on a GPU the device holds the placed block and
+(when they fit) the activations, so the host figure here is an upper bound there too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedlib.checkpoint import Checkpoint, stored_tensors
+
+#: every job: its python with torch, transformers and fedlib (measured 400-650 MiB with a
+#: 135M model's non-block modules) and, on a cluster, the job-side Snakemake (about 350 MiB)
+BASE_MIB = 1024
+#: lm-eval, datasets and the seven tasks' documents (zero-shot of SmolLM2-135M peaks at 2.0 GB)
+LM_EVAL_MIB = 512
+#: tokens per zero-shot request, for the logits of a batch (the tasks' contexts are shorter)
+ZEROSHOT_TOKENS = 256
+#: multiplies the estimate: allocator fragmentation, transient copies
+HEADROOM = 1.25
+KINDS = ("blocks", "blocks+weights", "zeroshot", "layers")
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Parameter counts of a checkpoint, split the way a block runner holds them."""
+
+    total: int  # every stored parameter
+    outside: int  # parameters outside the decoder blocks (embeddings, final norm, LM head)
+    block: int  # the largest decoder block
+    layer: int  # the largest 2-D tensor inside a block (one prunable linear)
+    stored_bytes: int  # bytes per stored parameter (the checkpoint's dtype)
+    hidden: int
+    heads: int
+    vocab: int
+
+
+def model_size(folder: Path | str) -> ModelSize:
+    """Sizes from the checkpoint's headers and ``config.json`` (tensor names ``....layers.N.*``)."""
+    folder = Path(folder)
+    checkpoint = Checkpoint(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config = config.get("text_config", config)
+    blocks: dict[str, int] = {}
+    outside = layer = 0
+    stored = 0
+    for name, tensor in checkpoint.tensors.items():
+        numel = math.prod(tensor.shape)
+        stored = max(stored, tensor.dtype.itemsize)
+        head, sep, rest = name.partition(".layers.")
+        index = rest.split(".", 1)[0] if sep else ""
+        if index.isdigit():
+            blocks[index] = blocks.get(index, 0) + numel
+            if len(tensor.shape) == 2:
+                layer = max(layer, numel)
+        else:
+            outside += numel
+    if not blocks:
+        raise ValueError(f"{folder}: no decoder block tensors (names with '.layers.N.') in the checkpoint")
+    return ModelSize(total=outside + sum(blocks.values()), outside=outside, block=max(blocks.values()),
+                     layer=layer, stored_bytes=stored, hidden=int(config["hidden_size"]),
+                     heads=int(config["num_attention_heads"]), vocab=int(config["vocab_size"]))
+
+
+def tokens_in(paths: Iterable[Path | str]) -> tuple[int, int]:
+    """(total tokens, tokens of the longest sample) of token files (their headers only)."""
+    total = longest = 0
+    for path in paths:
+        ids = stored_tensors(Path(path))["input_ids"]
+        total += math.prod(ids.shape)
+        longest = max(longest, ids.shape[-1])
+    return total, longest
+
+
+def host_mem_mb(model_dir: Path | str, kind: str, dtype: str = "float32", tokens: tuple[int, int] = (0, 0),
+                batch_size: int = 8, logits: bool = False) -> int:
+    """Megabytes (MiB) a job of ``kind`` needs on the host (module docstring), rounded up to
+    256 MiB. ``tokens``: (all samples' tokens, tokens per sample) the job runs through the
+    blocks (:func:`tokens_in` of its token files); ``logits``: the job scores the model's
+    outputs (perplexity), one batch at a time."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    size = model_size(model_dir)
+    width = _DTYPE_BYTES[dtype]
+    if kind == "layers":
+        # int16 votes, float32 scores, int64 sort keys and order: about 24 bytes per weight
+        need = 24 * size.layer + size.outside * size.stored_bytes
+    elif kind == "zeroshot":
+        logits = 2 * batch_size * ZEROSHOT_TOKENS * size.vocab * 4
+        need = size.total * width + size.block * size.stored_bytes + logits + LM_EVAL_MIB * 2**20
+    else:
+        tokens, seqlen = tokens
+        block = size.block * (size.stored_bytes + width + 8)  # as stored, placed, float32 work + statistics
+        activations = 2 * tokens * size.hidden * width  # every client's block input and output
+        # one batch's float32 intermediates: MLP and projections, attention scores (, logits)
+        batch = 4 * batch_size * seqlen * (8 * size.hidden + size.heads * seqlen + 2 * size.vocab * logits)
+        need = size.outside * width + block + activations + batch
+        if kind == "blocks+weights":
+            need += 3 * (size.total - size.outside)
+    mib = BASE_MIB + HEADROOM * need / 2**20
+    return int(256 * math.ceil(mib / 256))

@@ -1,0 +1,62 @@
+"""Job sizes from checkpoint headers (fedlib.jobsize), against counts taken from the model
+itself and against what a real client job uses."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fedlib.data import save_tokens
+from fedlib.jobsize import BASE_MIB, host_mem_mb, model_size, tokens_in
+
+from conftest import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    model = tiny_llama(layers=3, hidden=64)
+    folder = tmp_path_factory.mktemp("sharded")
+    model.save_pretrained(folder, max_shard_size="100KB")  # several shards + index
+    assert (folder / "model.safetensors.index.json").is_file()
+    return model, folder
+
+
+def test_model_size_counts_what_the_model_holds(sharded):
+    model, folder = sharded
+    blocks = [sum(p.numel() for p in block.parameters()) for block in model.model.layers]
+    total = sum(p.numel() for p in model.parameters())
+    size = model_size(folder)
+    assert size.total == total and size.block == max(blocks)
+    assert size.outside == total - sum(blocks)
+    assert size.layer == max(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    assert (size.hidden, size.heads, size.vocab, size.stored_bytes) == (64, 4, 128, 4)
+
+
+def test_estimates_grow_with_what_the_job_holds(sharded, tmp_path):
+    _, folder = sharded
+    small, large = tmp_path / "small.safetensors", tmp_path / "large.safetensors"
+    save_tokens(small, torch.zeros(2, 16, dtype=torch.long))
+    save_tokens(large, torch.zeros(4000, 512, dtype=torch.long))
+    assert tokens_in([small, large]) == (2 * 16 + 4000 * 512, 512)
+    few, many = (host_mem_mb(folder, "blocks", tokens=tokens_in([p])) for p in (small, large))
+    assert BASE_MIB <= few < many and few % 256 == 0
+    # 2M tokens x hidden 64 x 4 bytes, in and out: 1 GB of activations on top
+    assert many - few >= 2 * 4000 * 512 * 64 * 4 / 2**20
+    assert host_mem_mb(folder, "blocks", "bfloat16", tokens_in([large])) < many
+    with pytest.raises(ValueError, match="kind must be one of"):
+        host_mem_mb(folder, "everything")
+
+
+def test_a_client_job_stays_within_its_estimate(sharded, tmp_path):
+    """A real `fedlib client-mask` process, its peak RSS read from the kernel (wait4)."""
+    _, folder = sharded
+    calib = tmp_path / "calib.safetensors"
+    save_tokens(calib, torch.randint(0, 128, (8, 64)))
+    proc = subprocess.Popen([sys.executable, "-m", "fedlib", "client-mask", "--model", str(folder), "--calib",
+                             str(calib), "--device", "cpu", "--out", str(tmp_path / "m.mask.safetensors")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, proc.stderr.read().decode()
+    assert usage.ru_maxrss / 1024 <= host_mem_mb(folder, "blocks", tokens=tokens_in([calib]))
