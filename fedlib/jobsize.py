@@ -119,6 +119,7 @@ def host_mem_mb(model_dir: Path | str, kind: str, dtype: str = "float32", tokens
         need = size.total * width + size.block * size.stored_bytes + logits + LM_EVAL_MIB * 2**20
     else:
         tokens, seqlen = tokens
+        batch_size = min(batch_size, tokens // seqlen) if seqlen else 0  # a batch holds at most every sample
         block = size.block * (size.stored_bytes + width + 8)  # as stored, placed, float32 work + statistics
         activations = 2 * tokens * size.hidden * width  # every client's block input and output
         # one batch's float32 intermediates: MLP and projections, attention scores (, logits)

@@ -8,7 +8,6 @@ jobs over their request; cheap rules (data preparation, reports) ran on the subm
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from fedlib.jobsize import host_mem_mb, tokens_in
-from test_workflow import REPO, tiny_config
+from test_workflow import REPO, tiny_config, without_venv_path
 
 pytestmark = pytest.mark.slurm
 
@@ -58,7 +57,7 @@ def test_tiny_workflow_on_slurm(tmp_path, tiny_model_dir, data_dir):
         pytest.fail("no Slurm here (sbatch/sacct not on PATH): run `make test-slurm`, which brings one up")
     config = tiny_config(tiny_model_dir, data_dir)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env = without_venv_path()
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
          "--configfile", "config.yaml", "--workflow-profile", str(REPO / "profiles" / "slurm"),

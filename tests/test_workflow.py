@@ -39,8 +39,16 @@ def tiny_config(model_dir, data_dir, windows=2):
     }
 
 
+def without_venv_path() -> dict:
+    """The environment minus this interpreter's bin folder on PATH: jobs must find their
+    `python` the way they do for a user who runs .venv/bin/snakemake without activating."""
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    return dict(os.environ, PATH=path)
+
+
 def snakemake(workdir, *args):
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env = without_venv_path()
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
          "--cores", "2", *args],

@@ -2,16 +2,22 @@ import errno
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 
 from snakemake.utils import validate
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 validate(config, "../schemas/config.schema.yaml")
 
-# Jobs run this checkout's fedlib (`python -m fedlib`) in whatever environment they get: the
-# .venv of `make install`, or a conda environment of envs/fedlib.yaml (dependencies only).
-# (braces doubled twice: once for this f-string, once for Snakemake's own formatting)
-shell.prefix(f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+# Jobs run this checkout's fedlib (`python -m fedlib`, PYTHONPATH) with the `python` of their
+# environment: a conda environment of envs/fedlib.yaml, or else the interpreter that runs
+# Snakemake (the .venv of `make install`, whether or not it is activated).
+# (braces doubled twice: once for these f-strings, once for Snakemake's own formatting)
+_JOB_ENV = f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; "
+if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
+    _JOB_ENV += f"export PATH={shlex.quote(os.path.dirname(sys.executable))}:$PATH; "
+shell.prefix(_JOB_ENV)
 
 RESULTS = config["results_dir"]
 REPORTS = config["reports_dir"]

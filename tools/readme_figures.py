@@ -1,0 +1,139 @@
+"""Result figures in README.md come from result files, through this command, never by hand.
+
+A generated block in the README sits between ``<!-- figures:NAME -->`` and
+``<!-- /figures:NAME -->``; each NAME has a source file (a benchmark's JSON, a report's CSV)
+and a renderer here. ``python tools/readme_figures.py`` rewrites every block whose source
+exists; ``--check`` only compares and exits 1 when a block differs from its source (the test
+suite runs it, so a committed figure cannot drift from its committed JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _machine(data: dict) -> str:
+    m = data.get("machine", {})
+    return f"{m.get('cpus', '?')} CPUs ({m.get('machine', '?')}), torch {m.get('torch', '?')}"
+
+
+def precision(data: dict) -> str:
+    """bfloat16 vs float32 client masks on the embedded model (benchmarks/bench_precision.py)."""
+    cal, ev = data["calibration"], data["evaluation"]
+    lines = [
+        f"{data['model']}, {cal['samples']} × {cal['seqlen']} {cal['dataset']} calibration tokens; perplexity on "
+        f"{ev['windows']} {ev['dataset']} windows of {ev['seqlen']} tokens, evaluated in float32 so that only "
+        f"the mask differs (dense: float32 {data['dense_ppl_float32']:.2f}, bfloat16 {data['dense_ppl_bfloat16']:.2f}). "
+        f"Commit {data.get('commit', '?')}; {_machine(data)}.",
+        "",
+        "| method | group | sparsity | masks agree | weights that differ | ppl, float32 masks | ppl, bfloat16 masks | "
+        "bfloat16 masks, bfloat16 evaluation | client time bf16 / fp32 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["methods"]:
+        lines.append(
+            f"| {r['method']} | {r['group']} | {r['sparsity']:.0%} | {r['agreement']:.3%} | {r['differing_weights']:,} "
+            f"| {r['ppl_float32_masks']:.2f} | {r['ppl_bfloat16_masks']:.2f} ({r['ppl_relative_difference']:+.2%}) "
+            f"| {r['ppl_bfloat16_masks_bfloat16_eval']:.2f} | {r['seconds_bfloat16'] / r['seconds_float32']:.2f}× |")
+    return "\n".join(lines)
+
+
+def scale(data: dict) -> str:
+    """Client and server at the embedded model's and at LLaMA-2-7B's shape (benchmarks/bench_scale.py)."""
+    lines = [
+        f"Commit {data.get('commit', '?')}; {_machine(data)}. {data.get('note', '')}".strip(),
+        "",
+        "| model | params | hidden | dtype | client peak RSS | s per block | client total | estimate (jobsize) | "
+        "aggregate, clients | aggregate peak RSS | aggregate time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["records"]:
+        agg = r.get("aggregate") or {}
+        lines.append(
+            f"| {r['model']} | {r['params'] / 1e9:.2f} B | {r['hidden_size']} | {r['dtype']} "
+            f"| {r['peak_rss_mib']:,.0f} MiB | {r['seconds_per_block']:.1f} | {r.get('client_seconds', 0):,.0f} s "
+            f"| {r['estimate_mib']:,} MiB | {agg.get('clients', '–')} | "
+            + (f"{agg['peak_rss_mib']:,.0f} MiB | {agg['seconds']:,.0f} s |" if agg else "– | – |"))
+    return "\n".join(lines)
+
+
+def table_csv(path: Path) -> Callable[[dict], str]:
+    """A report table (its CSV) with the provenance lines of its Markdown header."""
+
+    def render(rows: list[list[str]]) -> str:
+        md = path.with_suffix(".md").read_text().splitlines()
+        provenance = [line.removeprefix("- ") for line in md if line.startswith(("- Model:", "- Config:"))]
+        out = [f"From `{path.relative_to(REPO)}`. " + " ".join(provenance), ""]
+        out.append("| " + " | ".join(rows[0]) + " |")
+        out.append("|" + "---|" * len(rows[0]))
+        out += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+        return "\n".join(out)
+
+    return render
+
+
+def _load(path: Path):
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    return list(csv.reader(path.open()))
+
+
+SOURCES: dict[str, tuple[Path, Callable]] = {
+    "precision": (REPO / "benchmarks/results/precision.json", precision),
+    "scale": (REPO / "benchmarks/results/scale.json", scale),
+    "gemma-table1": (REPO / "reports/gemma3-270m/table1.csv", table_csv(REPO / "reports/gemma3-270m/table1.csv")),
+}
+
+
+def blocks(text: str) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in re.finditer(r"<!-- figures:([\w-]+) -->\n(.*?)\n<!-- /figures:\1 -->", text, re.S)}
+
+
+def render_all(text: str, names=None) -> tuple[str, list[str]]:
+    """README text with every available block regenerated, and the names regenerated."""
+    done = []
+    for name in blocks(text):
+        source, render = SOURCES[name]
+        if (names and name not in names) or not source.is_file():
+            continue
+        body = render(_load(source))
+        text = re.sub(rf"(<!-- figures:{name} -->\n).*?(\n<!-- /figures:{name} -->)",
+                      lambda m: m.group(1) + body + m.group(2), text, flags=re.S)
+        done.append(name)
+    return text, done
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare only; exit 1 if a block differs")
+    parser.add_argument("--readme", default=str(REPO / "README.md"))
+    parser.add_argument("names", nargs="*", help="blocks to regenerate (default: all whose source exists)")
+    args = parser.parse_args()
+    readme = Path(args.readme)
+    text = readme.read_text()
+    unknown = set(blocks(text)) - set(SOURCES)
+    if unknown:
+        print(f"{readme}: unknown figure blocks {sorted(unknown)}; known: {sorted(SOURCES)}", file=sys.stderr)
+        return 2
+    new, done = render_all(text, set(args.names))
+    if args.check:
+        stale = [n for n in done if blocks(new)[n] != blocks(text)[n]]
+        for name in stale:
+            print(f"{readme}: block {name} differs from {SOURCES[name][0].relative_to(REPO)} "
+                  f"(run python tools/readme_figures.py)", file=sys.stderr)
+        return 1 if stale else 0
+    readme.write_text(new)
+    print(f"regenerated {', '.join(done) or 'nothing'} in {readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
