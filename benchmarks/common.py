@@ -38,9 +38,12 @@ def machine() -> dict:
 
 
 def write(name: str, payload: dict) -> Path:
+    """benchmarks/results/<name>.json with the machine and the commit of the code measured."""
+    from fedlib.provenance import source_commit
+
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     path = OUT_DIR / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine(), **payload}, indent=2) + "\n")
+    path.write_text(json.dumps({"machine": machine(), "commit": source_commit(), **payload}, indent=2) + "\n")
     print(f"wrote {path}")
     return path
 

@@ -133,7 +133,7 @@ def cmd_aggregate(args) -> None:
     from fedlib.models import open_model
     from fedlib.server import STRATEGIES
 
-    handle = open_model(args.model)  # only its fingerprint and layer list: no block is read
+    handle = open_model(args.model, weights=False)  # only its fingerprint and layer list: nothing is read
     strategy = STRATEGIES[args.strategy](group=args.group, sparsity=args.sparsity, seed=args.seed)
     summary = strategy.aggregate([Path(p) for p in args.masks], handle.fingerprint(), handle.layers(),
                                  Path(args.out))
@@ -227,7 +227,7 @@ def cmd_random_mask(args) -> None:
     from fedlib.models import open_model
     from fedlib.server.fedspallm import random_masks
 
-    handle = open_model(args.model)
+    handle = open_model(args.model, weights=False)  # fingerprint and layers only
     layers = handle.layers()
     write_mask_file(Path(args.out), random_masks(layers, args.sparsity, args.seed, args.group), layers,
                     fingerprint=handle.fingerprint(), role="global", client_id="random", method="random",

@@ -31,6 +31,10 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +117,8 @@ def host_mem_mb(model_dir: Path | str, kind: str, dtype: str = "float32", tokens
     width = _DTYPE_BYTES[dtype]
     if kind == "layers":
         # int16 votes, float32 scores, int64 sort keys and order: about 24 bytes per weight
-        need = 24 * size.layer + size.outside * size.stored_bytes
+        # (the server opens the model without reading a tensor)
+        need = 24 * size.layer
     elif kind == "zeroshot":
         logits = 2 * batch_size * ZEROSHOT_TOKENS * size.vocab * 4
         need = size.total * width + size.block * size.stored_bytes + logits + LM_EVAL_MIB * 2**20
@@ -129,3 +134,37 @@ def host_mem_mb(model_dir: Path | str, kind: str, dtype: str = "float32", tokens
             need += 3 * (size.total - size.outside)
     mib = BASE_MIB + HEADROOM * need / 2**20
     return int(256 * math.ceil(mib / 256))
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    returncode: int
+    peak_rss_mib: float  # the command's own peak resident set (plus at most a bare python's)
+    cpu_seconds: float
+    seconds: float
+
+
+# A fresh, small process starts the command: the kernel carries the peak RSS of the process a
+# command was forked from into the command's own ru_maxrss (exec records the old memory map's
+# high-water mark), so spawning it from a large process (pytest, a benchmark driver) would
+# report that process's memory as the command's.
+_LAUNCHER = """
+import json, os, subprocess, sys
+proc = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(proc.pid, 0)
+with open(sys.argv[1], "w") as out:
+    json.dump([os.waitstatus_to_exitcode(status), usage.ru_maxrss, usage.ru_utime + usage.ru_stime], out)
+"""
+
+
+def measured_run(argv: list[str], **popen_kwargs) -> MeasuredRun:
+    """Run ``argv`` to its end (``popen_kwargs``: stdout, stderr, env, cwd as for Popen) and
+    return its exit code, its own peak RSS as the kernel counted it (``ru_maxrss``), its CPU
+    seconds and wall seconds. How large the calling process is does not matter."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "usage.json"
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-I", "-c", _LAUNCHER, str(result), *argv], check=True, **popen_kwargs)
+        seconds = time.perf_counter() - start
+        returncode, maxrss_kib, cpu = json.loads(result.read_text())
+    return MeasuredRun(returncode, maxrss_kib / 1024, cpu, seconds)

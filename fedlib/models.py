@@ -131,7 +131,10 @@ class ModelHandle:
     @property
     def dtype(self) -> torch.dtype:
         """The dtype of the host-resident (non-block) parameters."""
-        return next(p.dtype for p in self.model.parameters() if not p.is_meta)
+        dtype = next((p.dtype for p in self.model.parameters() if not p.is_meta), None)
+        if dtype is None:
+            raise RuntimeError(f"{self.source}: opened without weights (fingerprint and layers only)")
+        return dtype
 
     @property
     def n_blocks(self) -> int:
@@ -206,10 +209,11 @@ def checkpoint_fingerprint(checkpoint: Checkpoint, names: list[str]) -> str:
     return value
 
 
-def _lazy_model(folder: Path, dtype: torch.dtype) -> ModelHandle | None:
-    """A model skeleton with empty decoder blocks and host-resident non-block modules, or
-    None when the checkpoint's tensor names are not the model's parameter names (then the
-    model is loaded whole by transformers, which knows the renamings)."""
+def _lazy_model(folder: Path, dtype: torch.dtype, weights: bool = True) -> ModelHandle | None:
+    """A model skeleton with empty decoder blocks and host-resident non-block modules (left
+    empty too with ``weights=False``), or None when the checkpoint's tensor names are not the
+    model's parameter names (then the model is loaded whole by transformers, which knows the
+    renamings)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -221,6 +225,12 @@ def _lazy_model(folder: Path, dtype: torch.dtype) -> ModelHandle | None:
     names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
     if any(name not in checkpoint for name in names if name.startswith(blocks)):
         return None
+    if not weights:
+        model.tie_weights()
+        # the same test as below without reading: each parameter (a tied head once) is stored
+        if any(name not in checkpoint for name in _parameter_names(model)):
+            return None
+        return ModelHandle(_eval_mode(model), checkpoint, str(folder))
     for name in names:
         if not name.startswith(blocks) and name in checkpoint:
             _set_parameter(model, name, checkpoint.read(name).to(dtype))
@@ -230,9 +240,14 @@ def _lazy_model(folder: Path, dtype: torch.dtype) -> ModelHandle | None:
     return ModelHandle(_eval_mode(model), checkpoint, str(folder))
 
 
-def open_model(spec: str, dtype: str | torch.dtype = torch.float32) -> ModelHandle:
+def open_model(spec: str, dtype: str | torch.dtype = torch.float32, *, weights: bool = True) -> ModelHandle:
     """A handle on ``spec`` (module docstring): lazy for safetensors folders, whole otherwise.
-    Raises :class:`FileNotFoundError` for a path that is not a model folder."""
+    Raises :class:`FileNotFoundError` for a path that is not a model folder.
+
+    ``weights=False``: for a safetensors folder, no tensor is read at all (the embeddings and
+    LM head stay empty too): a handle for :meth:`ModelHandle.fingerprint` and
+    :meth:`ModelHandle.layers` only, which is all the server needs (a 7B model's embeddings
+    and head in float32 would be 1 GB of its memory). Other sources are loaded as usual."""
     from transformers import AutoModelForCausalLM
 
     dtype = parse_dtype(dtype)
@@ -241,7 +256,7 @@ def open_model(spec: str, dtype: str | torch.dtype = torch.float32) -> ModelHand
         return ModelHandle(_eval_mode(model), source=spec)
     folder = _check_folder(spec)
     if folder is not None and Checkpoint.exists(folder):
-        handle = _lazy_model(folder, dtype)
+        handle = _lazy_model(folder, dtype, weights)
         if handle is not None:
             return handle
     model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)

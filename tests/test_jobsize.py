@@ -1,7 +1,6 @@
 """Job sizes from checkpoint headers (fedlib.jobsize), against counts taken from the model
 itself and against what a real client job uses."""
 
-import os
 import subprocess
 import sys
 
@@ -9,7 +8,7 @@ import pytest
 import torch
 
 from fedlib.data import save_tokens
-from fedlib.jobsize import BASE_MIB, host_mem_mb, model_size, tokens_in
+from fedlib.jobsize import BASE_MIB, host_mem_mb, measured_run, model_size, tokens_in
 
 from conftest import tiny_llama
 
@@ -50,13 +49,26 @@ def test_estimates_grow_with_what_the_job_holds(sharded, tmp_path):
 
 
 def test_a_client_job_stays_within_its_estimate(sharded, tmp_path):
-    """A real `fedlib client-mask` process, its peak RSS read from the kernel (wait4)."""
+    """A real `fedlib client-mask` process, its peak RSS read from the kernel."""
     _, folder = sharded
     calib = tmp_path / "calib.safetensors"
     save_tokens(calib, torch.randint(0, 128, (8, 64)))
-    proc = subprocess.Popen([sys.executable, "-m", "fedlib", "client-mask", "--model", str(folder), "--calib",
-                             str(calib), "--device", "cpu", "--out", str(tmp_path / "m.mask.safetensors")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, proc.stderr.read().decode()
-    assert usage.ru_maxrss / 1024 <= host_mem_mb(folder, "blocks", tokens=tokens_in([calib]))
+    with open(tmp_path / "stderr", "w+") as stderr:
+        run = measured_run([sys.executable, "-m", "fedlib", "client-mask", "--model", str(folder), "--calib",
+                            str(calib), "--device", "cpu", "--out", str(tmp_path / "m.mask.safetensors")],
+                           stdout=subprocess.DEVNULL, stderr=stderr)
+    assert run.returncode == 0, (tmp_path / "stderr").read_text()
+    assert run.peak_rss_mib <= host_mem_mb(folder, "blocks", tokens=tokens_in([calib]))
+
+
+def test_a_measured_run_counts_the_command_not_its_caller():
+    """ru_maxrss of a process forked from a large one starts at the large one's peak: the
+    launcher keeps the caller's memory out, and a command's own allocation still counts."""
+    ballast = torch.ones(256 * 2**20 // 4)  # 256 MiB in this (the calling) process
+    code = "import sys; b = bytearray({} * 2**20); b[::4096] = b'x' * len(b[::4096])"
+    small = measured_run([sys.executable, "-c", code.format(1)])
+    large = measured_run([sys.executable, "-c", code.format(300)])
+    assert small.returncode == large.returncode == 0
+    assert small.peak_rss_mib < 100 and 300 <= large.peak_rss_mib < 400
+    assert measured_run([sys.executable, "-c", "raise SystemExit(3)"]).returncode == 3
+    del ballast

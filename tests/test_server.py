@@ -114,3 +114,21 @@ def test_refuses_bad_client_sets(model, tmp_path):
     with pytest.raises(MaskFileError):
         strategy.aggregate([paths[0], truncated], fingerprint(model), prunable_layers(model), out)
     assert out.read_text() == "previous result"  # nothing overwritten on failure
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_server_opens_the_model_without_reading_a_tensor(tmp_path, tied):
+    """`fedlib aggregate` needs only the fingerprint and the layer list: opened with
+    weights=False nothing is read (no parameter holds data), and both equal the full open's."""
+    from fedlib.models import open_model
+
+    model = tiny_llama(layers=3)
+    if tied:
+        model.config.tie_word_embeddings = True
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.save_pretrained(tmp_path, max_shard_size="20KB")  # shards + index
+    bare, full = open_model(str(tmp_path), weights=False), open_model(str(tmp_path))
+    assert all(p.is_meta for p in bare.model.parameters())
+    assert bare.layers() == full.layers() == prunable_layers(model)
+    (tmp_path / "fedlib_model.json").unlink(missing_ok=True)  # no cached fingerprint: hash the files
+    assert bare.fingerprint() == full.fingerprint() == fingerprint(model)

@@ -71,7 +71,7 @@ def table_csv(path: Path) -> Callable[[dict], str]:
     def render(rows: list[list[str]]) -> str:
         md = path.with_suffix(".md").read_text().splitlines()
         provenance = [line.removeprefix("- ") for line in md if line.startswith(("- Model:", "- Config:"))]
-        out = [f"From `{path.relative_to(REPO)}`. " + " ".join(provenance), ""]
+        out = [f"From `{path.relative_to(REPO)}`: " + "; ".join(provenance) + ".", ""]
         out.append("| " + " | ".join(rows[0]) + " |")
         out.append("|" + "---|" * len(rows[0]))
         out += ["| " + " | ".join(row) + " |" for row in rows[1:]]
@@ -94,7 +94,8 @@ SOURCES: dict[str, tuple[Path, Callable]] = {
 
 
 def blocks(text: str) -> dict[str, str]:
-    return {m.group(1): m.group(2) for m in re.finditer(r"<!-- figures:([\w-]+) -->\n(.*?)\n<!-- /figures:\1 -->", text, re.S)}
+    """name -> the text between its markers (each on its own line)."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"<!-- figures:([\w-]+) -->\n(.*?)<!-- /figures:\1 -->", text, re.S)}
 
 
 def render_all(text: str, names=None) -> tuple[str, list[str]]:
@@ -104,8 +105,8 @@ def render_all(text: str, names=None) -> tuple[str, list[str]]:
         source, render = SOURCES[name]
         if (names and name not in names) or not source.is_file():
             continue
-        body = render(_load(source))
-        text = re.sub(rf"(<!-- figures:{name} -->\n).*?(\n<!-- /figures:{name} -->)",
+        body = render(_load(source)) + "\n"
+        text = re.sub(rf"(<!-- figures:{name} -->\n).*?(<!-- /figures:{name} -->)",
                       lambda m: m.group(1) + body + m.group(2), text, flags=re.S)
         done.append(name)
     return text, done
