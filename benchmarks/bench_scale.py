@@ -318,6 +318,8 @@ def measure_model(name: str, folder: Path, work: Path, args, dtypes: list[str]) 
     for path in masks + [work / "global.mask.safetensors"]:
         path.unlink(missing_ok=True)
     peak = max(row["peak_rss_mib"] for row in clients)
+    from fedlib.jobsize import host_mem_mb, tokens_in
+
     return {
         "model": name, "folder": str(folder.relative_to(ROOT)), **facts,
         "compute_dtype": dtypes[0], "device": "cpu", "threads": args.threads,
@@ -325,10 +327,12 @@ def measure_model(name: str, folder: Path, work: Path, args, dtypes: list[str]) 
         "peak_rss_mib": peak,
         "seconds_per_block": first["seconds_per_block"],
         "client_seconds": first["seconds"],
+        # what the workflow would ask a cluster for (includes a job-side Snakemake's memory)
+        "estimate_mib": host_mem_mb(folder, "blocks", dtypes[0], tokens_in(calib[:1])),
         "clients": clients,
         "other_compute_dtypes": extra,  # real clients too (their masks go to the server)
         "client_mask_file_bytes": mask_bytes,
-        "aggregate": {**server, "n_clients": args.clients, "real_clients": n_real,
+        "aggregate": {**server, "n_clients": args.clients, "estimate_mib": host_mem_mb(folder, "layers"), "real_clients": n_real,
                       "synthetic_clients": args.clients - n_real, "global_mask_file_bytes": global_bytes,
                       "synthetic_write_seconds": round(synthetic_seconds, 1),
                       "synthetic_note": ("" if n_real == args.clients else

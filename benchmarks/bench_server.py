@@ -8,17 +8,16 @@ aggregation runs as its own `fedlib aggregate` process so its peak RSS is measur
 from __future__ import annotations
 
 import argparse
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from common import MODEL, load_bench_model, write
 from fedlib.groups import prune_lowest
+from fedlib.jobsize import measured_run
 from fedlib.maskfile import write_mask_file
 from fedlib.models import fingerprint, prunable_layers
 
@@ -38,16 +37,12 @@ def make_clients(model, folder: Path, n: int) -> list[Path]:
 
 
 def aggregate(paths: list[Path], out: Path) -> tuple[float, float]:
-    """(seconds, peak RSS in MiB) of one `fedlib aggregate` process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "fedlib.cli", "aggregate", "--model", MODEL, "--group", "layer",
-                    "--out", str(out), *map(str, paths)], check=True, capture_output=True)
-    seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if peak < before:
-        raise RuntimeError("peak RSS of the child could not be isolated")
-    return seconds, peak / 1024
+    """(seconds, peak RSS in MiB) of one `fedlib aggregate` process (its own, not this one's)."""
+    run = measured_run([sys.executable, "-m", "fedlib.cli", "aggregate", "--model", MODEL, "--group", "layer",
+                        "--out", str(out), *map(str, paths)], stdout=subprocess.DEVNULL)
+    if run.returncode != 0:
+        raise RuntimeError(f"fedlib aggregate failed ({run.returncode})")
+    return run.seconds, run.peak_rss_mib
 
 
 def main() -> None:
@@ -61,8 +56,6 @@ def main() -> None:
         folder = Path(tmp)
         paths = make_clients(model, folder, max(args.clients))
         bits = 8 * paths[0].stat().st_size / weights
-        # smallest first: ru_maxrss of children is a running maximum, so increasing sizes
-        # make each reading that run's own peak
         for n in sorted(args.clients):
             seconds, peak = aggregate(paths[:n], folder / f"global_{n}.mask.safetensors")
             rows[n] = {"seconds": seconds, "peak_rss_mib": peak}

@@ -48,20 +48,27 @@ def precision(data: dict) -> str:
 
 def scale(data: dict) -> str:
     """Client and server at the embedded model's and at LLaMA-2-7B's shape (benchmarks/bench_scale.py)."""
+    load = data.get("load", {})
     lines = [
-        f"Commit {data.get('commit', '?')}; {_machine(data)}. {data.get('note', '')}".strip(),
+        f"Commit {data.get('commit', '?')}; {_machine(data)}; load average before/after "
+        f"{load.get('loadavg_before', '?')} / {load.get('loadavg_after', '?')}. {data.get('note', '')}".strip(),
         "",
-        "| model | params | hidden | dtype | client peak RSS | s per block | client total | estimate (jobsize) | "
-        "aggregate, clients | aggregate peak RSS | aggregate time |",
+        "| model | params | stored | client dtype, threads | calibration | client peak RSS (estimate) "
+        "| s per block | client | aggregate of (real) | aggregate peak RSS (estimate) | aggregate |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["records"]:
-        agg = r.get("aggregate") or {}
+        agg = r["aggregate"]
         lines.append(
-            f"| {r['model']} | {r['params'] / 1e9:.2f} B | {r['hidden_size']} | {r['dtype']} "
-            f"| {r['peak_rss_mib']:,.0f} MiB | {r['seconds_per_block']:.1f} | {r.get('client_seconds', 0):,.0f} s "
-            f"| {r['estimate_mib']:,} MiB | {agg.get('clients', '–')} | "
-            + (f"{agg['peak_rss_mib']:,.0f} MiB | {agg['seconds']:,.0f} s |" if agg else "– | – |"))
+            f"| {r['model']} | {r['params'] / 1e9:.2f} B | {r['dtype']} | {r['compute_dtype']}, {r['threads']} "
+            f"| {r['samples']} × {r['seqlen']} | {r['peak_rss_mib']:,.0f} MiB ({r['estimate_mib']:,}) "
+            f"| {r['seconds_per_block']:.2f} s | {r['client_seconds']:,.0f} s "
+            f"| {agg['n_clients']} ({agg['real_clients']}) | {agg['peak_rss_mib']:,.0f} MiB ({agg['estimate_mib']:,}) "
+            f"| {agg['seconds']:,.0f} s |")
+        for other in r.get("other_compute_dtypes", []):
+            lines.append(f"| ↳ same model, {other['dtype']} client | | | {other['dtype']}, {other['threads']} | "
+                         f"| {other['peak_rss_mib']:,.0f} MiB | {other['seconds_per_block']:.2f} s "
+                         f"| {other['seconds']:,.0f} s | | | |")
     return "\n".join(lines)
 
 
