@@ -290,6 +290,19 @@ def model_facts(folder: Path) -> dict:
             "checkpoint_bytes": sum(t.nbytes for t in stored), "dtype": dtypes[0] if len(dtypes) == 1 else dtypes}
 
 
+def add_estimates(record: dict) -> None:
+    """What the workflow would ask a cluster for (fedlib.jobsize, which includes a job-side
+    Snakemake's memory): for each client (its dtype, one calibration file of the record's
+    size) and for the aggregation. A function of the checkpoint's headers and the code only."""
+    from fedlib.jobsize import host_mem_mb
+
+    folder, tokens = ROOT / record["folder"], (record["samples"] * record["seqlen"], record["seqlen"])
+    record["estimate_mib"] = host_mem_mb(folder, "blocks", record["compute_dtype"], tokens)
+    for other in record["other_compute_dtypes"]:
+        other["estimate_mib"] = host_mem_mb(folder, "blocks", other["dtype"], tokens)
+    record["aggregate"]["estimate_mib"] = host_mem_mb(folder, "layers")
+
+
 def measure_model(name: str, folder: Path, work: Path, args, dtypes: list[str]) -> dict:
     facts = model_facts(folder)
     print(f"{name}: {facts['params'] / 1e9:.3f}B params, hidden {facts['hidden_size']}, {facts['n_blocks']} blocks, "
@@ -318,30 +331,41 @@ def measure_model(name: str, folder: Path, work: Path, args, dtypes: list[str]) 
     for path in masks + [work / "global.mask.safetensors"]:
         path.unlink(missing_ok=True)
     peak = max(row["peak_rss_mib"] for row in clients)
-    from fedlib.jobsize import host_mem_mb, tokens_in
-
-    return {
+    record = {
         "model": name, "folder": str(folder.relative_to(ROOT)), **facts,
         "compute_dtype": dtypes[0], "device": "cpu", "threads": args.threads,
         "samples": args.samples, "seqlen": args.seqlen, "method": "wanda", "group": "row", "sparsity": 0.5,
         "peak_rss_mib": peak,
         "seconds_per_block": first["seconds_per_block"],
         "client_seconds": first["seconds"],
-        # what the workflow would ask a cluster for (includes a job-side Snakemake's memory)
-        "estimate_mib": host_mem_mb(folder, "blocks", dtypes[0], tokens_in(calib[:1])),
         "clients": clients,
         "other_compute_dtypes": extra,  # real clients too (their masks go to the server)
         "client_mask_file_bytes": mask_bytes,
-        "aggregate": {**server, "n_clients": args.clients, "estimate_mib": host_mem_mb(folder, "layers"), "real_clients": n_real,
+        "aggregate": {**server, "n_clients": args.clients, "real_clients": n_real,
                       "synthetic_clients": args.clients - n_real, "global_mask_file_bytes": global_bytes,
                       "synthetic_write_seconds": round(synthetic_seconds, 1),
                       "synthetic_note": ("" if n_real == args.clients else
                                          "the other clients are valid synthetic row-50% masks (random bits); "
                                          "the server's cost does not depend on which bits are set")},
     }
+    add_estimates(record)
+    return record
 
 
 # --------------------------------------------------------------------------- main
+
+
+def reestimate() -> None:
+    from common import OUT_DIR
+    from fedlib.provenance import source_commit
+
+    path = OUT_DIR / "scale.json"
+    data = json.loads(path.read_text())
+    for record in data["records"]:
+        add_estimates(record)
+    data["estimates_commit"] = source_commit()
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"recomputed the estimates in {path} (jobsize at {data['estimates_commit']})")
 
 
 def main() -> None:
@@ -361,7 +385,13 @@ def main() -> None:
     parser.add_argument("--build-only", action="store_true")
     parser.add_argument("--load-note", default="", help="what else ran on the machine (written to the JSON)")
     parser.add_argument("--no-write", action="store_true", help="print only (testing at a small shape)")
+    parser.add_argument("--reestimate", action="store_true",
+                        help="only recompute the jobsize estimates of benchmarks/results/scale.json with this "
+                             "code (after a change to fedlib.jobsize; the measurements stay as they are)")
     args = parser.parse_args()
+    if args.reestimate:
+        reestimate()
+        return
     torch.set_num_threads(args.threads)  # this process only builds files; the measured ones get --threads
 
     shape = dict(SHAPES[args.shape])

@@ -50,7 +50,8 @@ def scale(data: dict) -> str:
     """Client and server at the embedded model's and at LLaMA-2-7B's shape (benchmarks/bench_scale.py)."""
     load = data.get("load", {})
     lines = [
-        f"Commit {data.get('commit', '?')}; {_machine(data)}; load average before/after "
+        f"Commit {data.get('commit', '?')} (jobsize estimates: {data.get('estimates_commit', data.get('commit', '?'))}); "
+        f"{_machine(data)}; load average before/after "
         f"{load.get('loadavg_before', '?')} / {load.get('loadavg_after', '?')}. {data.get('note', '')}".strip(),
         "",
         "| model | params | stored | client dtype, threads | calibration | client peak RSS (estimate) "
@@ -67,8 +68,45 @@ def scale(data: dict) -> str:
             f"| {agg['seconds']:,.0f} s |")
         for other in r.get("other_compute_dtypes", []):
             lines.append(f"| ↳ same model, {other['dtype']} client | | | {other['dtype']}, {other['threads']} | "
-                         f"| {other['peak_rss_mib']:,.0f} MiB | {other['seconds_per_block']:.2f} s "
+                         f"| {other['peak_rss_mib']:,.0f} MiB ({other['estimate_mib']:,}) | {other['seconds_per_block']:.2f} s "
                          f"| {other['seconds']:,.0f} s | | | |")
+    return "\n".join(lines)
+
+
+def _provenance(data: dict) -> str:
+    return f"Commit {data.get('commit', '?')}; {_machine(data)}."
+
+
+def client_mask(data: dict) -> str:
+    """Wanda client mask vs two dense passes (benchmarks/bench_client_mask.py)."""
+    return (f"- Wanda client mask, {data['tokens']:,} calibration tokens, vs two dense passes through the blocks "
+            f"(the floor of any layer-wise method): {data['wanda_median']:.1f} s vs {data['floor_median']:.1f} s, "
+            f"**{data['wanda_over_floor']:.2f}×** (goal {data['goal']}; medians of {len(data['wanda_seconds'])} "
+            f"interleaved repeats). {_provenance(data)}")
+
+
+def server(data: dict) -> str:
+    """Mask file size and aggregation cost vs clients (benchmarks/bench_server.py)."""
+    rows = sorted(data["aggregate"].items(), key=lambda kv: int(kv[0]))
+    (small, a), (large, b) = rows[0], rows[-1]
+    return (f"- Mask file: **{data['mask_file_bits_per_weight']:.3f} bits per weight** "
+            f"({data['weights']:,} weights). Server aggregation (`fedlib aggregate`, its own process), "
+            f"{small} vs {large} clients: {a['seconds']:.0f} s / {a['peak_rss_mib']:,.0f} MiB vs "
+            f"{b['seconds']:.0f} s / {b['peak_rss_mib']:,.0f} MiB: peak memory "
+            f"**{data['peak_ratio_large_over_small']:.2f}×** for {int(large) // int(small)}× the clients. "
+            f"{_provenance(data)}")
+
+
+def workflow(data: dict) -> str:
+    """Where a `make run` spends its time (benchmarks/workflow_summary.py over its benchmark files)."""
+    rules = sorted(data["rules"].items(), key=lambda kv: -kv[1]["seconds"])
+    jobs = sum(r["jobs"] for _, r in rules)
+    wall = f"wall time **{data['wall_seconds'] / 60:.1f} min**, " if data.get("wall_seconds") else ""
+    lines = [f"`make run`: {jobs} jobs, {wall}{data['job_seconds_total'] / 60:.1f} min of job time. "
+             f"{_provenance(data)}", "",
+             "| rule | jobs | seconds per job | share of job time | peak RSS of a job |", "|---|---|---|---|---|"]
+    lines += [f"| {rule} | {r['jobs']} | {r['seconds'] / r['jobs']:.1f} | {r['share']:.1%} | {r['max_rss_mib']:,.0f} MiB |"
+              for rule, r in rules]
     return "\n".join(lines)
 
 
@@ -96,6 +134,9 @@ def _load(path: Path):
 SOURCES: dict[str, tuple[Path, Callable]] = {
     "precision": (REPO / "benchmarks/results/precision.json", precision),
     "scale": (REPO / "benchmarks/results/scale.json", scale),
+    "client-mask": (REPO / "benchmarks/results/client_mask.json", client_mask),
+    "server": (REPO / "benchmarks/results/server.json", server),
+    "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
     "gemma-table1": (REPO / "reports/gemma3-270m/table1.csv", table_csv(REPO / "reports/gemma3-270m/table1.csv")),
 }
 
