@@ -60,7 +60,7 @@ benchmark: $(STAMP)
 
 # a LLaMA-2-7B-shaped client and server on this machine (writes a 13.5 GB checkpoint once)
 bench-scale: $(STAMP)
-	$(BIN)/python benchmarks/bench_scale.py
+	$(BIN)/python benchmarks/bench_scale.py --threads $(CORES) --float32
 
 clean:
 	rm -rf results reports/*.md reports/*.csv reports/*.html reports/*.png .snakemake

@@ -52,7 +52,7 @@ def scale(data: dict) -> str:
     lines = [
         f"Commit {data.get('commit', '?')} (jobsize estimates: {data.get('estimates_commit', data.get('commit', '?'))}); "
         f"{_machine(data)}; load average before/after "
-        f"{load.get('loadavg_before', '?')} / {load.get('loadavg_after', '?')}. {data.get('note', '')}".strip(),
+        f"{load.get('loadavg_before', '?')} / {load.get('loadavg_after', '?')}. {data.get('note', '').capitalize()}.",
         "",
         "| model | params | stored | client dtype, threads | calibration | client peak RSS (estimate) "
         "| s per block | client | aggregate of (real) | aggregate peak RSS (estimate) | aggregate |",
@@ -70,6 +70,13 @@ def scale(data: dict) -> str:
             lines.append(f"| ↳ same model, {other['dtype']} client | | | {other['dtype']}, {other['threads']} | "
                          f"| {other['peak_rss_mib']:,.0f} MiB ({other['estimate_mib']:,}) | {other['seconds_per_block']:.2f} s "
                          f"| {other['seconds']:,.0f} s | | | |")
+    runs = [(r, row) for r in data["records"] for row in [r, *r.get("other_compute_dtypes", [])]]
+    over = [row for _, row in runs if row["peak_rss_mib"] > row["estimate_mib"]]
+    over += [r["aggregate"] for r in data["records"] if r["aggregate"]["peak_rss_mib"] > r["aggregate"]["estimate_mib"]]
+    big = [row["peak_rss_mib"] for r, row in runs if r.get("random_weights")]
+    lines += ["", f"Goal ({data['goal']}): {'met' if big and max(big) <= 4096 else 'NOT met'} "
+              f"(largest {max(big, default=0):,.0f} MiB). Every job within its jobsize estimate: "
+              f"{'yes' if not over else f'NO ({len(over)} above)'}."]
     return "\n".join(lines)
 
 
