@@ -52,7 +52,7 @@ def scale(data: dict) -> str:
     lines = [
         f"Commit {data.get('commit', '?')} (jobsize estimates: {data.get('estimates_commit', data.get('commit', '?'))}); "
         f"{_machine(data)}; load average before/after "
-        f"{load.get('loadavg_before', '?')} / {load.get('loadavg_after', '?')}. {data.get('note', '').capitalize()}.",
+        f"{load.get('loadavg_before', '?')} / {load.get('loadavg_after', '?')}. {data.get('note', '')[:1].upper()}{data.get('note', '')[1:]}.",
         "",
         "| model | params | stored | client dtype, threads | calibration | client peak RSS (estimate) "
         "| s per block | client | aggregate of (real) | aggregate peak RSS (estimate) | aggregate |",
@@ -144,7 +144,11 @@ SOURCES: dict[str, tuple[Path, Callable]] = {
     "client-mask": (REPO / "benchmarks/results/client_mask.json", client_mask),
     "server": (REPO / "benchmarks/results/server.json", server),
     "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
-    "gemma-table1": (REPO / "reports/gemma3-270m/table1.csv", table_csv(REPO / "reports/gemma3-270m/table1.csv")),
+    **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
+        ("table1", "reports/table1.csv"),
+        ("table12-run", "reports/table12_run.csv"),
+        ("gemma-table1", "reports/gemma3-270m/table1.csv"),
+    )},
 }
 
 
