@@ -12,15 +12,15 @@ from fedlib.server import FedPrLLM
 from conftest import tiny_llama
 
 
-def _clients(model, tmp_path, n=5, group="row"):
+def _clients(model, tmp_path, n=5, group="row", method="wanda", sparsity=0.5, first=0):
     paths, masks = [], []
-    for i in range(n):
+    for i in range(first, first + n):
         ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(i))
-        result = prune_locally(model, ids, "wanda", 0.5, group, seed=0).masks
+        result = prune_locally(model, ids, method, sparsity, group, seed=0).masks
         path = tmp_path / f"client_{i}.mask.safetensors"
         write_mask_file(path, result, prunable_layers(model), fingerprint=fingerprint(model),
-                        role="client", client_id=str(i), method="wanda", group=group,
-                        sparsity=0.5, n_samples=2, seed=0)
+                        role="client", client_id=str(i), method=method, group=group,
+                        sparsity=sparsity, n_samples=2, seed=0)
         paths.append(path)
         masks.append(result)
     return paths, masks
@@ -114,6 +114,20 @@ def test_refuses_bad_client_sets(model, tmp_path):
     with pytest.raises(MaskFileError):
         strategy.aggregate([paths[0], truncated], fingerprint(model), prunable_layers(model), out)
     assert out.read_text() == "previous result"  # nothing overwritten on failure
+
+
+@pytest.mark.parametrize("other", [dict(method="magnitude"), dict(group="column"), dict(sparsity=0.7)])
+def test_refuses_a_mixed_cohort(model, tmp_path, other):
+    """Clients that pruned differently (another method, group or sparsity) are not one cohort:
+    the error names the odd file, the field and both values; nothing is written."""
+    paths, _ = _clients(model, tmp_path, n=2)
+    odd, _ = _clients(model, tmp_path, n=1, first=2, **other)
+    out = tmp_path / "global.mask.safetensors"
+    (field, value), = other.items()
+    with pytest.raises(MaskFileError, match=rf"{odd[0]}: field '{field}': {value!r}, but {paths[0]} has") as error:
+        FedPrLLM(group="layer", sparsity=0.5, seed=0).aggregate(paths + odd, fingerprint(model),
+                                                               prunable_layers(model), out)
+    assert error.value.field == field and not out.exists()
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -24,6 +24,11 @@ from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter
 from fedlib.models import LayerInfo
 
 
+#: what every client of one aggregation must have in common (the model fingerprint and layers
+#: are checked against the server's model when each file is opened)
+COHORT_FIELDS = ("method", "group", "sparsity", "allocation")
+
+
 def global_mask_from_votes(votes: torch.Tensor, sparsity: float, group: str, seed: int, name: str) -> torch.Tensor:
     """Prune the most-voted weights: lowest of -votes within each group."""
     return prune_lowest(-votes.to(torch.float32), sparsity, group, seed, f"server:{name}")
@@ -64,13 +69,20 @@ class FedPrLLM:
             if f.header.client_id in seen:
                 raise MaskFileError(f.path, "client_id", f"{f.header.client_id!r} also sent {seen[f.header.client_id]}")
             seen[f.header.client_id] = f.path
+        first = files[0].header
+        for f in files[1:]:
+            for name in COHORT_FIELDS:
+                if getattr(f.header, name) != getattr(first, name):
+                    raise MaskFileError(
+                        f.path, name, f"{getattr(f.header, name)!r}, but {first.path} has {getattr(first, name)!r}: "
+                        f"the clients of one aggregation agree on {', '.join(COHORT_FIELDS)}")
         return files
 
     def aggregate(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo], out: Path) -> dict:
         files = self.open_clients(paths, fingerprint, layers)
-        # any client with a per-layer allocation (OWL, BESA): the server follows the clients' plan
-        allocation = "nonuniform" if any(f.header.allocation == "nonuniform" for f in files) else "uniform"
         first = files[0].header
+        # clients with a per-layer allocation (OWL, BESA): the server follows the clients' plan
+        allocation = first.allocation
         # one layer at a time, from the clients' files to the global file
         with MaskWriter(
             out, layers, fingerprint=fingerprint, role="global", client_id="server",
