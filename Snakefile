@@ -1,6 +1,12 @@
 # fedlib: federated pruning of LLMs (FedPrLLM). Stages live in workflow/rules/*.smk;
 # the logic lives in the fedlib library, which every rule calls through the `fedlib` CLI.
 
+from snakemake.utils import min_version
+
+# written and tested with Snakemake 9 (pyproject.toml pins the version `make install` installs)
+min_version("9.0")
+
+
 configfile: "config.yaml"
 report: "workflow/report/workflow.rst"
 
