@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from common import write
+from fedlib.io import safetensors_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the `fedlib` command of this environment (the module when the script is not installed)
@@ -118,17 +119,6 @@ def _shard_plan(tensors, max_bytes: int) -> list[list[tuple[str, tuple[int, ...]
     return shards + [current]
 
 
-def _header(entries) -> bytes:
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for name, shape in entries:
-        nbytes = 2 * math.prod(shape)
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return len(raw).to_bytes(8, "little") + raw
-
-
 def _complete(folder: Path, shape: dict, seed: int) -> bool:
     try:
         record = json.loads((folder / BUILD_RECORD).read_text())
@@ -156,10 +146,13 @@ def build_checkpoint(folder: Path, shape: dict, seed: int = 0) -> dict:
     weight_map, files = {}, {}
     for shard_name, entries in zip(names, plan):
         tmp = folder / f".{shard_name}.tmp"
+        shapes = dict(entries)
+        head, _ = safetensors_layout({name: (torch.bfloat16, shape) for name, shape in shapes.items()},
+                                     {"format": "pt"}, tmp)
         with open(tmp, "wb") as out:
-            out.write(_header(entries))
-            for name, tshape in entries:
-                _write_tensor(out, name, tshape, seed)
+            out.write(head)
+            for name in sorted(shapes):  # the layout's order
+                _write_tensor(out, name, shapes[name], seed)
                 weight_map[name] = shard_name
         tmp.replace(folder / shard_name)
         files[shard_name] = (folder / shard_name).stat().st_size

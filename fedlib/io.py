@@ -45,7 +45,7 @@ SAFETENSORS_DTYPES = {
 }
 
 
-def _layout(tensors: Mapping[str, tuple[torch.dtype, tuple[int, ...]]], metadata: Mapping[str, str],
+def safetensors_layout(tensors: Mapping[str, tuple[torch.dtype, tuple[int, ...]]], metadata: Mapping[str, str],
             path: Path) -> tuple[bytes, dict[str, tuple[int, int]]]:
     """The header bytes (length prefix included) and each tensor's (offset, nbytes) in the data
     section: tensors in name order, sorted JSON, data aligned to 8 bytes. Depends only on the
@@ -75,7 +75,7 @@ def _bytes_of(tensor: torch.Tensor):
 def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> None:
     """Write a safetensors file (atomically) whose bytes depend only on its content."""
     tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-    head, _ = _layout({name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()}, metadata, path)
+    head, _ = safetensors_layout({name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()}, metadata, path)
     with atomic_path(path) as tmp, open(tmp, "wb") as out:
         out.write(head)
         for name in sorted(tensors):
@@ -111,7 +111,7 @@ class SafetensorsWriter:
     def __init__(self, path: Path, tensors: Mapping[str, tuple[torch.dtype, Sequence[int]]]):
         self.path = Path(path)
         self.declared = {name: (dtype, tuple(int(x) for x in shape)) for name, (dtype, shape) in tensors.items()}
-        _, self.spans = _layout(self.declared, {}, self.path)
+        _, self.spans = safetensors_layout(self.declared, {}, self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, spool = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".spool", dir=self.path.parent)
         self._fd, self._spool = fd, Path(spool)
@@ -136,7 +136,7 @@ class SafetensorsWriter:
         missing = sorted(set(self.declared) - self.written)
         if missing:
             raise ValueError(f"{self.path}: {len(missing)} declared tensors never written, e.g. {missing[0]!r}")
-        head, _ = _layout(self.declared, metadata, self.path)
+        head, _ = safetensors_layout(self.declared, metadata, self.path)
         total = sum(nbytes for _, nbytes in self.spans.values())
         try:
             with atomic_path(self.path) as tmp, open(tmp, "wb") as out:
