@@ -12,7 +12,8 @@ import torch
 
 from common import DATA_DIR, load_bench_model, median, timed, write
 from fedlib.data import calibration_windows
-from fedlib.runner import BlockRunner, prune_locally
+from fedlib.client import prune_locally
+from fedlib.runner import BlockRunner
 
 
 def two_dense_passes(model, ids, batch_size):

@@ -18,7 +18,8 @@ from common import DATA_DIR, write
 from fedlib.data import calibration_windows, evaluation_windows
 from fedlib.evaluate.perplexity import perplexity
 from fedlib.models import load_tokenizer, open_model
-from fedlib.runner import BlockDecision, Placement, prune_locally
+from fedlib.client import prune_locally
+from fedlib.runner import BlockDecision, Placement
 
 GROUPS = {"wanda": "row", "sparsegpt": "row", "magnitude": "layer"}
 

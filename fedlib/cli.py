@@ -104,7 +104,7 @@ def cmd_client_mask(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.maskfile import MaskWriter
     from fedlib.methods import method_allocation
-    from fedlib.runner import prune_locally
+    from fedlib.client import prune_locally
 
     start = time.perf_counter()
     handle, placement = open_placed(args)

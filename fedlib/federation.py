@@ -54,9 +54,8 @@ from torch import nn
 
 from fedlib.methods import get_method, method_allocation
 from fedlib.models import LayerInfo, ModelHandle
-from fedlib.runner import (
-    CPU, BlockDecision, BlockRunner, Placement, block_sparsity, decide_block, plan_sparsity, prune_locally,
-)
+from fedlib.client import block_sparsity, decide_block, plan_sparsity, prune_locally
+from fedlib.runner import CPU, BlockDecision, BlockRunner, Placement
 from fedlib.server.fedprllm import global_mask_from_votes, planned_sparsity, scale_factors
 from fedlib.server.fedspallm import FedSpaLLM, L0Accumulator, uncovered_blocks
 

@@ -52,6 +52,15 @@ def pruned_count(size: int, sparsity: float) -> int:
     return int(size * sparsity + 1e-9)
 
 
+def sparsity_for_count(count: int, size: int) -> float:
+    """A sparsity at which :func:`pruned_count` of ``size`` is exactly ``count``: for callers
+    that know how many weights to prune (a SparseGPT column block's share of the layer budget,
+    FedSpaLLM's expansion target) and select them with :func:`prune_lowest`."""
+    if count >= size:
+        return 1.0
+    return (count + 0.5) / size
+
+
 def _lowest_k_per_row(scores: np.ndarray, index: np.ndarray, k: int, seed: int, names: tuple) -> np.ndarray:
     """Mask of the k lowest (score, key) of each row of ``scores``; ``index`` gives each
     entry's flat index in the layer (for its tie-break key).

@@ -14,9 +14,11 @@ propagate each client's activations through the block pruned the way it should s
 (:meth:`BlockStep.propagate`: its own masks in one-shot, the global masks in iterative
 FedPrLLM, its pruned weights or the dense weights in FedSpaLLM). One runner carries any number
 of clients, so a block is made resident once per round for all of them. Everything that
-prunes is built on it: :func:`prune_locally` (one-shot clients, Centralized, Local-only, the
-privacy audit's clients), :mod:`fedlib.federation` (iterative FedPrLLM, FedSpaLLM clients), OWL's
-dense planning pass, BESA's allocation, and perplexity (:func:`fedlib.evaluate.perplexity`).
+prunes is built on it: :func:`fedlib.client.prune_locally` (one-shot clients, Centralized,
+Local-only, the privacy audit's clients), :mod:`fedlib.federation` (iterative FedPrLLM, FedSpaLLM
+clients), OWL's dense planning pass, BESA's allocation, and perplexity
+(:func:`fedlib.evaluate.perplexity`). The runner knows nothing of pruning methods: they build on
+it, not the other way round.
 
 Block inputs and the keyword arguments each block receives (attention mask, rotary
 ``position_embeddings``, ...) are captured from the model's own forward on the host, so blocks
@@ -492,110 +494,3 @@ class BlockRunner:
                 ids = torch.zeros(hidden.shape[:2], dtype=torch.long).to(device=self.placement.device)
                 with _blocks_replaced(self.handle, lambda i: _Replay(hidden) if i == 0 else _Pass()):
                     yield model(input_ids=ids, use_cache=False).logits
-
-
-# --------------------------------------------------------------------------- local pruning
-
-
-def decide_block(
-    pruners: Mapping[str, object],
-    sparsity: float | Mapping[str, float],
-    group: str,
-    seed: int,
-    *,
-    upload_weights: bool = False,
-) -> BlockDecision:
-    """Each pruner's mask at its ratio (and its updated weights, for methods with an update).
-    ``upload_weights``: every layer gets a weight in the decision, the masked current weights
-    for methods without an update (FedSpaLLM uploads weights for every layer), on the host."""
-    decision = BlockDecision(masks={})
-    for name, pruner in pruners.items():
-        ratio = sparsity[name] if isinstance(sparsity, Mapping) else sparsity
-        decision.masks[name] = pruner.prune(ratio, group, seed)
-        decision.layer_sparsity[name] = float(ratio)
-        if pruner.updated_weight is not None:
-            decision.weights[name] = pruner.updated_weight
-        elif upload_weights:
-            current = pruner.layer.weight.detach().to(device="cpu", dtype=torch.float32)
-            decision.weights[name] = current.masked_fill(decision.masks[name], 0.0)
-    return decision
-
-
-def plan_sparsity(factory, handle: ModelHandle, input_ids: torch.Tensor | None,
-                  sparsity: float | Mapping[str, float], group: str, options: Mapping,
-                  batch_size: int = 8, placement: Placement = CPU) -> float | Mapping[str, float]:
-    """Per-layer ratios for methods that plan them before pruning (OWL's dense pre-pass, a
-    ``plan`` classmethod); otherwise ``sparsity`` unchanged. An explicit per-layer mapping is
-    always used as given. Call once per client, before its pruning pass."""
-    plan = getattr(factory, "plan", None)
-    if plan is None or isinstance(sparsity, Mapping):
-        return sparsity
-    return plan(handle, input_ids, sparsity, group=group, options=options, batch_size=batch_size,
-                placement=placement)
-
-
-def block_sparsity(factory, step: BlockStep, client: int, pruners: Mapping[str, object],
-                   sparsity: float | Mapping[str, float], group: str, seed: int,
-                   options: Mapping) -> float | Mapping[str, float]:
-    """The ratios to prune the step's block at for ``client``, after :meth:`BlockStep.collect`:
-    learned on the block's inputs for methods with an ``allocate_block`` classmethod (BESA),
-    otherwise ``sparsity`` unchanged."""
-    allocate = getattr(factory, "allocate_block", None)
-    if allocate is None or isinstance(sparsity, Mapping):
-        return sparsity
-    return allocate(step, client, pruners, sparsity, group, seed, options)
-
-
-def prune_locally(
-    model: nn.Module | ModelHandle,
-    input_ids: torch.Tensor | None,
-    method: str,
-    sparsity: float | Mapping[str, float],
-    group: str,
-    seed: int,
-    batch_size: int = 8,
-    method_options: Mapping | None = None,
-    on_block: Callable[[int, BlockDecision], None] | None = None,
-    *,
-    placement: Placement = CPU,
-    blocks: int | None = None,
-    keep: bool = True,
-) -> BlockDecision:
-    """One client's local pruning, block by block (one-shot FedPrLLM client, Centralized and
-    Local-only baselines, the privacy audit's clients). Block l+1's statistics come from
-    activations through block l pruned by this client's own masks.
-
-    ``blocks``: only blocks ``0..blocks-1`` (the forward stops there). ``on_block(index,
-    decision)`` sees each block's decision as it is made; with ``keep=False`` nothing else is
-    kept (a 7B client streams its masks to the mask file instead of holding them). Returns the
-    masks (and updated weights) of the pruned linears; the model itself is left unchanged."""
-    from fedlib.methods import get_method
-
-    handle = ModelHandle.of(model)
-    factory = get_method(method)
-    options = dict(method_options or {})
-    result = BlockDecision(masks={})
-    if factory.needs_calibration:
-        if input_ids is None:
-            raise ValueError(f"method {method!r} needs calibration data")
-        sparsity = plan_sparsity(factory, handle, input_ids, sparsity, group, options, batch_size, placement)
-        runner = BlockRunner(handle, [input_ids], placement, batch_size)
-    else:  # data-free: no activations, blocks only
-        runner = BlockRunner(handle, [], placement, batch_size)
-    for step in runner.steps(blocks):
-        pruners = {name: factory(linear, name, **options) for name, linear in step.linears.items()}
-        ratios = sparsity
-        if runner.n_clients:
-            step.collect(0, pruners)
-            ratios = block_sparsity(factory, step, 0, pruners, sparsity, group, seed, options)
-        decision = decide_block(pruners, ratios, group, seed)
-        del pruners
-        if runner.n_clients:
-            step.propagate(0, decision)
-        if keep:
-            result.masks.update(decision.masks)
-            result.weights.update(decision.weights)
-            result.layer_sparsity.update(decision.layer_sparsity)
-        if on_block is not None:
-            on_block(step.index, decision)
-    return result

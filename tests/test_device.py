@@ -19,7 +19,8 @@ import fedlib.runner
 import fedlib.server.fedprllm
 from fedlib.federation import iterative_prune
 from fedlib.models import ModelHandle
-from fedlib.runner import BlockRunner, Placement, place_model, prune_locally
+from fedlib.client import prune_locally
+from fedlib.runner import BlockRunner, Placement, place_model
 
 from conftest import tiny_llama
 

@@ -12,7 +12,7 @@ from fedlib.federation import (
 from fedlib.groups import prune_lowest
 from fedlib.maskfile import MaskFile, write_mask_file
 from fedlib.models import LayerInfo, fingerprint, linear_by_name, prunable_layers
-from fedlib.runner import prune_locally
+from fedlib.client import prune_locally
 from fedlib.server import FedPrLLM
 from fedlib.server.fedprllm import global_mask_from_votes, scale_factors
 

@@ -13,7 +13,8 @@ from fedlib.federation import fedspallm_client, fedspallm_prune, standalone_prun
 from fedlib.groups import pruned_count
 from fedlib.maskfile import MaskFileError, write_mask_file
 from fedlib.models import fingerprint, linear_by_name, prunable_layers
-from fedlib.runner import BlockDecision, prune_locally
+from fedlib.client import prune_locally
+from fedlib.runner import BlockDecision
 from fedlib.server import STRATEGIES, FedSpaLLM
 from fedlib.server.fedspallm import (
     WeightFile, aggregate_layer, apply_weight_file, apply_weights, blocks_per_round, expand_mask,
@@ -238,7 +239,8 @@ def test_client_prunes_from_global_weights_and_dense_unsampled_blocks(model):
 
 def _block1_from_dense_inputs(model, ids):
     from fedlib.methods import get_method
-    from fedlib.runner import BlockRunner, decide_block
+    from fedlib.client import decide_block
+    from fedlib.runner import BlockRunner
 
     for step in BlockRunner(model, [ids]).steps():
         if step.index == 0:

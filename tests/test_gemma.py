@@ -15,7 +15,8 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 from fedlib.embedded import EMBEDDED
 from fedlib.evaluate.perplexity import perplexity
 from fedlib.models import fingerprint, open_model, prunable_layers
-from fedlib.runner import BlockRunner, prune_locally
+from fedlib.client import prune_locally
+from fedlib.runner import BlockRunner
 
 VOCAB = 128
 SEQLEN = 16  # longer than the sliding window: the two attention kinds see different tokens

@@ -77,3 +77,11 @@ def test_bad_inputs():
         prune_lowest(torch.zeros(4, 6), 0.5, "2:4", 0)
     with pytest.raises(ValueError, match="NaN"):
         prune_lowest(torch.full((2, 2), float("nan")), 0.5, "row", 0)
+
+
+def test_sparsity_for_count_prunes_exactly_that_count():
+    from fedlib.groups import pruned_count, sparsity_for_count
+
+    for size in (1, 2, 3, 7, 10, 64, 1000, 4096 * 11008):
+        for count in sorted({0, 1, size // 3, size // 2, size - 1, size}):
+            assert pruned_count(size, sparsity_for_count(count, size)) == count, (size, count)

@@ -9,7 +9,8 @@ from fedlib.groups import prune_lowest
 from fedlib.methods import get_method
 from fedlib.methods.wanda import wanda_scores
 from fedlib.models import UnsupportedModelError, block_linears, fingerprint, prunable_layers
-from fedlib.runner import BlockRunner, prune_locally
+from fedlib.client import prune_locally
+from fedlib.runner import BlockRunner
 
 
 def test_blockwise_dense_pass_equals_full_forward(model):

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from fedlib.maskfile import MaskFile, MaskFileError, pack_bits, read_header, unpack_bits, write_mask_file
 from fedlib.models import fingerprint, prunable_layers
-from fedlib.runner import prune_locally
+from fedlib.client import prune_locally
 
 from conftest import tiny_llama
 

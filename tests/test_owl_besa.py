@@ -20,7 +20,8 @@ from fedlib.methods.besa import (
 )
 from fedlib.methods.owl import block_outlier_ratios, outlier_ratio, owl_ratios, recentre
 from fedlib.models import block_linears, prunable_layers
-from fedlib.runner import BlockRunner, prune_locally
+from fedlib.client import prune_locally
+from fedlib.runner import BlockRunner
 from conftest import tiny_llama
 
 

@@ -25,7 +25,7 @@ from fedlib.privacy.audit import (
     similarity_audit,
     tiny_inversion_cases,
 )
-from fedlib.runner import prune_locally
+from fedlib.client import prune_locally
 from fedlib.server.fedprllm import FedPrLLM
 
 torch.set_num_threads(1)

@@ -6,7 +6,7 @@ import torch
 from fedlib.maskfile import MaskFile, MaskFileError, write_mask_file
 from fedlib.models import fingerprint, linear_by_name, prunable_layers
 from fedlib.pruned import apply_mask_file
-from fedlib.runner import prune_locally
+from fedlib.client import prune_locally
 from fedlib.server import FedPrLLM
 
 from conftest import tiny_llama

@@ -26,7 +26,7 @@ def get_method(name: str) -> type[LayerPruner]:
 def method_allocation(name: str) -> str:
     """``"nonuniform"`` for methods whose per-layer sparsity varies (OWL, BESA), else
     ``"uniform"``: what a client's mask file records in its ``allocation`` field."""
-    return getattr(get_method(name), "allocation", "uniform")
+    return get_method(name).allocation
 
 
 __all__ = ["LayerPruner", "METHODS", "get_method", "method_allocation"]

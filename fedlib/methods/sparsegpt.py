@@ -78,7 +78,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedlib.groups import GROUPS, parse_nm, prune_lowest, pruned_count
+from fedlib.groups import GROUPS, parse_nm, prune_lowest, pruned_count, sparsity_for_count
 from fedlib.methods.base import LayerPruner
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -118,13 +118,6 @@ def inverse_cholesky_upper(hdamped: torch.Tensor, name: str = "") -> torch.Tenso
     ``U_jj`` is the OBS update direction for column ``j`` once columns ``< j`` are fixed."""
     hinv = inverse_hessian(hdamped, name)
     return _cholesky(hinv, upper=True, what=name)
-
-
-def _budget_sparsity(count: int, size: int) -> float:
-    """A sparsity for which ``pruned_count(size, .)`` is exactly ``count``."""
-    if count >= size:
-        return 1.0
-    return (count + 0.5) / size
 
 
 def obs_prune(
@@ -187,10 +180,10 @@ def obs_prune(
             scores = W1.pow(2) / d.pow(2).reshape(1, -1)
             if group == "layer":
                 k = pruned_count(rows * i2, sparsity) - pruned_count(rows * done_cols, sparsity)
-                s_b = _budget_sparsity(k, rows * count)
+                s_b = sparsity_for_count(k, rows * count)
             else:
                 k = pruned_count(i2, sparsity) - pruned_count(done_cols, sparsity)
-                s_b = _budget_sparsity(k, count)
+                s_b = sparsity_for_count(k, count)
             M1.copy_(prune_lowest(scores, s_b, group, seed, f"{name}#block{b}"))
 
         for i in range(count):

@@ -73,7 +73,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedlib.groups import GROUPS, expected_pruned, prune_lowest, seeded_generator
+from fedlib.groups import GROUPS, expected_pruned, prune_lowest, seeded_generator, sparsity_for_count
 from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter, read_header
 from fedlib.models import LayerInfo, linear_by_name
 
@@ -98,11 +98,6 @@ def target_count(size: int, sparsity: float, rounding: str = "ceil") -> int:
     if rounding == "ceil":
         return min(size, math.ceil(exact - 1e-9))
     return int(exact + 1e-9)
-
-
-def _exact(count: int, size: int) -> float:
-    """A sparsity for which ``groups.pruned_count(size, .)`` is exactly ``count``."""
-    return 1.0 if count >= size else (count + 0.5) / size
 
 
 def expand_mask(
@@ -131,7 +126,7 @@ def expand_mask(
     rows, cols = votes.shape
     size = {"layer": rows * cols, "row": cols, "column": rows}[group]
     count = target_count(size, sparsity, rounding)
-    chosen = prune_lowest(-votes.to(torch.float32), _exact(count, size), group, seed, f"fedspallm:{name}")
+    chosen = prune_lowest(-votes.to(torch.float32), sparsity_for_count(count, size), group, seed, f"fedspallm:{name}")
     return chosen | (votes >= n_clients)
 
 
