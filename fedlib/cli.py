@@ -179,7 +179,8 @@ def cmd_fedspallm(args) -> None:
 
     from fedlib.data import load_tokens
     from fedlib.federation import fedspallm_prune
-    from fedlib.server.fedspallm import FedSpaLLM, WeightFileWriter, write_weight_file
+    from fedlib.server.fedspallm import FedSpaLLM
+    from fedlib.weightfile import WeightFileWriter, write_weight_file
 
     start = time.perf_counter()
     handle, placement = open_placed(args)
@@ -225,7 +226,7 @@ def cmd_fedspallm(args) -> None:
 def cmd_random_mask(args) -> None:
     from fedlib.maskfile import write_mask_file
     from fedlib.models import open_model
-    from fedlib.server.fedspallm import random_masks
+    from fedlib.baselines import random_masks
 
     handle = open_model(args.model, weights=False)  # fingerprint and layers only
     layers = handle.layers()

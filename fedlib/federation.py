@@ -8,7 +8,7 @@ FedPrLLM (Sections 3.2.3 and 4.2.3 of the paper)
     *Iterative*: one round per decoder block. In round l every client collects block l's
     statistics from its own activations, which went through the *global* masks of blocks < l,
     decides its local masks, and uploads them; the server sums and selects (same function as
-    one-shot: :func:`fedlib.server.fedprllm.global_mask_from_votes`) and broadcasts the global
+    one-shot: the :class:`~fedlib.server.fedprllm.FedPrLLM` strategy) and broadcasts the global
     masks; every client propagates its activations through block l under the global mask. All
     clients' activations ride on one :class:`~fedlib.runner.BlockRunner`, so each block is made
     resident once per round and run twice per client (statistics, propagation) exactly as in
@@ -52,12 +52,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from fedlib.methods import get_method, method_allocation
+from fedlib.methods import get_method
 from fedlib.models import LayerInfo, ModelHandle
 from fedlib.client import block_sparsity, decide_block, plan_sparsity, prune_locally
 from fedlib.runner import CPU, BlockDecision, BlockRunner, Placement
-from fedlib.server.fedprllm import global_mask_from_votes, planned_sparsity, scale_factors
-from fedlib.server.fedspallm import FedSpaLLM, L0Accumulator, uncovered_blocks
+from fedlib.server.fedprllm import FedPrLLM, VoteHook, scale_factors
+from fedlib.server.fedspallm import FedSpaLLM, uncovered_blocks
+from fedlib.server.strategy import LayerAggregator
 
 
 def packed_bytes(numel: int) -> int:
@@ -67,20 +68,6 @@ def packed_bytes(numel: int) -> int:
 
 def _votes_dtype(n_clients: int) -> torch.dtype:
     return torch.uint8 if n_clients <= 255 else torch.int16
-
-
-def _ratio(sparsity: float | Mapping[str, float], name: str) -> float:
-    return sparsity[name] if isinstance(sparsity, Mapping) else sparsity
-
-
-def _server_target(votes: torch.Tensor, n_clients: int, method: str, sparsity: float | Mapping[str, float],
-                   name: str, override: float | Mapping[str, float] | None = None) -> float:
-    """The sparsity the server prunes layer ``name`` at (module docstring)."""
-    if override is not None:
-        return _ratio(override, name)
-    if method_allocation(method) == "nonuniform":
-        return planned_sparsity(votes, n_clients)
-    return _ratio(sparsity, name)
 
 
 # --------------------------------------------------------------------------- records
@@ -168,26 +155,34 @@ def _round_cost(index: int, blocks: list[int], layers: Sequence[LayerInfo], n_cl
 
 
 def communication_cost(layers: Sequence[LayerInfo], n_clients: int, mode: str, scale: bool = False) -> CommunicationCost:
-    """FedPrLLM communication for ``mode`` ``"one-shot"`` or ``"iterative"`` (module docstring)."""
+    """FedPrLLM communication for ``mode`` ``"one-shot"`` or ``"iterative"`` (module docstring):
+    one record per round of the strategy's schedule."""
     if n_clients < 1:
         raise ValueError("n_clients must be >= 1")
+    strategy = FedPrLLM(mode=mode)
     d = sum(info.shape[0] * info.shape[1] for info in layers)
     final = n_clients * sum(packed_bytes(info.shape[0] * info.shape[1]) for info in layers)
-    if mode == "one-shot":
-        blocks = sorted({info.block for info in layers})
-        rounds = [_round_cost(0, blocks, layers, n_clients, down=False, scale=scale)]
-        return CommunicationCost(mode, n_clients, rounds, d, final)
-    if mode == "iterative":
-        blocks = sorted({info.block for info in layers})
-        rounds = [
-            _round_cost(i, [b], [info for info in layers if info.block == b], n_clients, down=True, scale=scale)
-            for i, b in enumerate(blocks)
-        ]
-        return CommunicationCost(mode, n_clients, rounds, 2 * d, final)
-    raise ValueError(f"mode must be 'one-shot' or 'iterative', got {mode!r}")
+    present = sorted({info.block for info in layers})  # the plan's block i is the i-th block listed
+    rounds = []
+    for r in range(strategy.n_rounds(len(present))):
+        blocks = [present[i] for i in strategy.configure_round(r, n_clients, len(present)).blocks[0]]
+        rounds.append(_round_cost(r, blocks, [info for info in layers if info.block in blocks], n_clients,
+                                  down=mode == "iterative", scale=scale))
+    return CommunicationCost(mode, n_clients, rounds, d if mode == "one-shot" else 2 * d, final)
 
 
 # --------------------------------------------------------------------------- FedPrLLM
+
+
+def _fedprllm(server_group: str, sparsity: float | Mapping[str, float], seed: int, mode: str,
+              server_sparsity: float | Mapping[str, float] | None, hook: VoteHook | None) -> FedPrLLM:
+    """The server of a simulated FedPrLLM federation (module docstring for the targets)."""
+    return FedPrLLM(group=server_group, sparsity=sparsity if server_sparsity is None else server_sparsity,
+                    seed=seed, mode=mode, follow_client_plan=server_sparsity is None, hook=hook)
+
+
+def _aggregators(strategy: FedPrLLM, infos: Sequence[LayerInfo], n: int, allocation: str) -> dict[str, LayerAggregator]:
+    return {info.name: strategy.layer_aggregator(info, n, allocation) for info in infos}
 
 
 def iterative_prune(
@@ -205,6 +200,7 @@ def iterative_prune(
     keep_round_masks: bool = False,
     on_round: Callable[[RoundRecord, dict, dict], None] | None = None,
     server_sparsity: float | Mapping[str, float] | None = None,
+    hook: VoteHook | None = None,
     placement: Placement = CPU,
     keep: bool = True,
 ) -> FederatedResult:
@@ -214,16 +210,17 @@ def iterative_prune(
     = sum over clients of the block's packed masks, bytes down = the global masks broadcast to
     every client; with ``keep_round_masks`` also each client's local masks and the global masks
     of that round). The server prunes each layer at ``server_sparsity`` when given, else as the
-    module docstring says (the clients' mean for OWL / BESA, ``sparsity`` otherwise).
-    ``on_round`` sees each round's record with its global masks and votes; with ``keep=False``
-    the result keeps neither (a large model streams them to the mask file instead).
-    The model is left unchanged.
+    module docstring says (the clients' mean for OWL / BESA, ``sparsity`` otherwise); ``hook``
+    is a defence on its votes. ``on_round`` sees each round's record with its global masks and
+    votes; with ``keep=False`` the result keeps neither (a large model streams them to the mask
+    file instead). The model is left unchanged.
     """
     n = len(client_input_ids)
     if n == 0:
         raise ValueError("iterative pruning needs at least one client")
     handle = ModelHandle.of(model)
     factory = get_method(method)
+    strategy = _fedprllm(server_group, sparsity, seed, "iterative", server_sparsity, hook)
     options = dict(method_options or {})
     client_sparsity = [sparsity] * n
     inputs = []
@@ -240,12 +237,15 @@ def iterative_prune(
     result = FederatedResult("iterative", {}, {}, n)
     for step in runner.steps():
         index = step.index
+        plan = strategy.configure_round(index, n, handle.n_blocks)  # round l is block l
         infos = [LayerInfo(name, tuple(lin.weight.shape), index) for name, lin in step.linears.items()]
         record = _round_cost(index, [index], infos, n, down=True, scale=scale)
-        votes = {info.name: torch.zeros(info.shape, dtype=torch.int16) for info in infos}
+        layers = _aggregators(strategy, infos, n, factory.allocation)
         kept_masks = [] if keep_round_masks else None
         t_clients = 0.0
         for c in range(n):
+            if index not in plan.blocks[c]:
+                continue
             start = time.perf_counter()
             pruners = {name: factory(linear, name, **options) for name, linear in step.linears.items()}
             ratios = client_sparsity[c]
@@ -255,16 +255,14 @@ def iterative_prune(
             decision = decide_block(pruners, ratios, local_group, seed)
             del pruners
             for name, mask in decision.masks.items():
-                votes[name] += mask.to(torch.int16)
+                layers[name].add(str(c), mask)
             if kept_masks is not None:
                 kept_masks.append(decision.masks)
             t_clients += time.perf_counter() - start
         start = time.perf_counter()
-        global_masks = {
-            name: global_mask_from_votes(votes[name], _server_target(votes[name], n, method, sparsity, name,
-                                                                     server_sparsity), server_group, seed, name)
-            for name in step.linears
-        }
+        outcome = {name: layer.finish() for name, layer in layers.items()}
+        global_masks = {name: r.mask for name, r in outcome.items()}
+        votes = {name: r.votes for name, r in outcome.items()}
         factors = {name: scale_factors(votes[name], n) for name in step.linears} if scale else {}
         record.seconds_server = time.perf_counter() - start
         start = time.perf_counter()
@@ -296,42 +294,43 @@ def one_shot_prune(
     *,
     method_options: Mapping | None = None,
     keep_client_masks: bool = False,
+    hook: VoteHook | None = None,
     placement: Placement = CPU,
 ) -> FederatedResult:
-    """One-shot FedPrLLM in memory: every client runs :func:`prune_locally`, votes are summed
+    """One-shot FedPrLLM in memory: every client runs :func:`prune_locally`, votes are counted
     as blocks finish (client masks are not kept unless asked), the server selects per layer."""
     n = len(client_input_ids)
     if n == 0:
         raise ValueError("one-shot pruning needs at least one client")
     handle = ModelHandle.of(model)
+    factory = get_method(method)
+    strategy = _fedprllm(server_group, sparsity, seed, "one-shot", None, hook)
+    plan = strategy.configure_round(0, n, handle.n_blocks)  # one round: every client, every block
     layers = handle.layers()
-    votes = {info.name: torch.zeros(info.shape, dtype=torch.int16) for info in layers}
+    aggregators = _aggregators(strategy, layers, n, factory.allocation)
     record = communication_cost(layers, n, "one-shot").rounds[0]
     kept = [] if keep_client_masks else None
 
-    def add(_index: int, decision: BlockDecision) -> None:
-        for name, mask in decision.masks.items():
-            votes[name] += mask.to(torch.int16)
+    for c, ids in enumerate(client_input_ids):
+        def add(_index: int, decision: BlockDecision, client=str(c)) -> None:
+            for name, mask in decision.masks.items():
+                aggregators[name].add(client, mask)
 
-    for ids in client_input_ids:
         start = time.perf_counter()
-        local = prune_locally(handle, ids, method, sparsity, local_group, seed, batch_size,
-                              method_options, on_block=add if kept is None else None,
-                              placement=placement, keep=kept is not None)
+        local = prune_locally(handle, ids, factory, sparsity, local_group, seed, batch_size, method_options,
+                              on_block=add if kept is None else None, placement=placement,
+                              blocks=len(plan.blocks[c]), keep=kept is not None)
         if kept is not None:
             add(-1, local)
             kept.append(local.masks)
         del local
         record.seconds_clients += time.perf_counter() - start
     start = time.perf_counter()
-    masks = {
-        info.name: global_mask_from_votes(votes[info.name], _server_target(votes[info.name], n, method, sparsity,
-                                                                           info.name), server_group, seed, info.name)
-        for info in layers
-    }
+    outcome = {name: layer.finish() for name, layer in aggregators.items()}
     record.seconds_server = time.perf_counter() - start
     record.client_masks = kept
-    return FederatedResult("one-shot", masks, votes, n, [record])
+    return FederatedResult("one-shot", {name: r.mask for name, r in outcome.items()},
+                           {name: r.votes for name, r in outcome.items()}, n, [record])
 
 
 # --------------------------------------------------------------------------- FedSpaLLM
@@ -490,8 +489,8 @@ def fedspallm_prune(
     for info in infos:
         by_block.setdefault(info.block, []).append(info)
     n_blocks = len(by_block)
-    assignments = strategy.assignments(n, n_blocks)
-    uncovered = uncovered_blocks(assignments, n_blocks)
+    plans = [strategy.configure_round(t, n, n_blocks) for t in range(strategy.n_rounds(n_blocks))]
+    uncovered = uncovered_blocks([plan.blocks for plan in plans], n_blocks)
     if uncovered and not allow_uncovered:
         raise ValueError(
             f"blocks {uncovered} are sampled by no client in {strategy.rounds} round(s) and would stay dense; "
@@ -504,30 +503,32 @@ def fedspallm_prune(
     gmasks: dict[str, torch.Tensor] = {}
     gvotes: dict[str, torch.Tensor] = {}
     rounds = []
-    for t, row in enumerate(assignments):
-        accs: dict[str, L0Accumulator] = {}
-        rec = FedSpaLLMRound(t, [list(b) for b in row], sorted({b for blocks in row for b in blocks}), 0, 0)
+    for plan in plans:
+        t, row = plan.round, [list(blocks) for blocks in plan.blocks]
+        senders = {b: sum(b in blocks for blocks in row) for b in by_block}  # N of Eqs. 6-7 per block
+        accs: dict[str, LayerAggregator] = {}
+        rec = FedSpaLLMRound(t, row, sorted({b for blocks in row for b in blocks}), 0, 0)
         for blocks in row:
             sizes = [(info.name, info.shape[0] * info.shape[1]) for b in blocks for info in by_block[b]]
             rec.bytes_up += sum(n * wbytes + packed_bytes(n) for _, n in sizes)
             # a block still dense is in the client's cached model: only aggregated ones are sent
             rec.bytes_down += sum(n * wbytes + packed_bytes(n) for name, n in sizes if name in gweights)
-        by_name = {info.name: info.block for info in infos}
+        by_name = {info.name: info for info in infos}
 
-        def stream(client: int, index: int, decision: BlockDecision, t=t) -> None:
+        def stream(client: int, index: int, decision: BlockDecision, t=t, accs=accs, senders=senders) -> None:
             for name, mask in decision.masks.items():
                 if name not in accs:
-                    accs[name] = L0Accumulator(tuple(mask.shape), name)
-                accs[name].add(mask, decision.weights[name].to(dtype))
+                    accs[name] = strategy.layer_aggregator(by_name[name], senders[index])
+                accs[name].add(str(client), mask, decision.weights[name].to(dtype))
             if on_upload is not None:
                 on_upload(t, client, index, decision)
 
         def aggregate(index: int) -> None:
             # the block's uploads are all in: aggregate it now, so accumulators never outlive a block
             start = time.perf_counter()
-            for name in [name for name in accs if by_name[name] == index]:
-                gweights[name], gmasks[name], gvotes[name] = accs.pop(name).finish(
-                    strategy.sparsity, strategy.group, strategy.seed, strategy.rounding)
+            for name in [name for name in accs if by_name[name].block == index]:
+                layer = accs.pop(name).finish()
+                gweights[name], gmasks[name], gvotes[name] = layer.weight, layer.mask, layer.votes
             rec.seconds_server += time.perf_counter() - start
 
         seconds = _fedspallm_round(
@@ -558,5 +559,5 @@ def standalone_prune(
 ) -> BlockDecision:
     """FedSpaLLM's Standalone baseline: one client's own pruned model (SparseGPT with update on
     its data alone): masks and updated weights of every prunable linear. Evaluate it by loading
-    ``weights`` into a copy of the model (:func:`fedlib.server.fedspallm.apply_weights`)."""
+    ``weights`` into a copy of the model (:func:`fedlib.weightfile.apply_weights`)."""
     return prune_locally(model, input_ids, method, sparsity, group, seed, batch_size, method_options)

@@ -191,7 +191,7 @@ def write_mask_file(
     """Write a whole mask file at once (:class:`MaskWriter` for the header fields).
     ``tensors`` adds further named tensors to the same file (FedSpaLLM uploads carry
     ``weight:<layer>``); their names must not use the ``mask:``/``votes:`` prefixes, and
-    checking them is the reader's business (``fedlib.server.fedspallm``)."""
+    checking them is the reader's business (``fedlib.weightfile``)."""
     payload = dict(tensors or {})
     declared = {name: (t.dtype, tuple(t.shape)) for name, t in payload.items()}
     with MaskWriter(path, layers, votes=votes is not None, tensors=declared, **header) as writer:

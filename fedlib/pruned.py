@@ -44,7 +44,7 @@ class Variant:
                 raise MaskFileError(mask, "votes", "weight scaling needs vote counts (a global mask file from fedlib aggregate)")
             names = [info.name for info in layers]
         elif weights:
-            from fedlib.server.fedspallm import open_weight_file
+            from fedlib.weightfile import open_weight_file
 
             self.weight_file = open_weight_file(Path(weights), handle.fingerprint(), layers)
             names = self.weight_file.layer_names

@@ -14,12 +14,12 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
-import fedlib.groups
+import fedlib.methods.base
 import fedlib.runner
 import fedlib.server.fedprllm
+from fedlib.client import prune_locally
 from fedlib.federation import iterative_prune
 from fedlib.models import ModelHandle
-from fedlib.client import prune_locally
 from fedlib.runner import BlockRunner, Placement, place_model
 
 from conftest import tiny_llama
@@ -56,7 +56,7 @@ def fake_cuda(monkeypatch, free_bytes: int = 8 << 30):
     def shape_only(scores, sparsity, group, seed, name=""):
         return torch.zeros(scores.shape, dtype=torch.bool)
 
-    monkeypatch.setattr(fedlib.groups, "prune_lowest", shape_only)  # client methods
+    monkeypatch.setattr(fedlib.methods.base, "prune_lowest", shape_only)  # client methods
     monkeypatch.setattr(fedlib.server.fedprllm, "prune_lowest", shape_only)  # the server's masks
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_bytes, 16 << 30))
     with FakeTensorMode(allow_non_fake_inputs=True), _FakeCudaMethods():

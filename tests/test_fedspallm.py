@@ -16,10 +16,11 @@ from fedlib.models import fingerprint, linear_by_name, prunable_layers
 from fedlib.client import prune_locally
 from fedlib.runner import BlockDecision
 from fedlib.server import STRATEGIES, FedSpaLLM
+from fedlib.baselines import random_masks
 from fedlib.server.fedspallm import (
-    WeightFile, aggregate_layer, apply_weight_file, apply_weights, blocks_per_round, expand_mask,
-    open_weight_file, random_masks, sample_blocks, target_count, uncovered_blocks, write_weight_file,
+    aggregate_layer, blocks_per_round, expand_mask, sample_blocks, target_count, uncovered_blocks,
 )
+from fedlib.weightfile import WeightFile, apply_weight_file, apply_weights, open_weight_file, write_weight_file
 
 
 def _ids(seed, n=2, seqlen=12):
@@ -157,8 +158,10 @@ def test_strategy_assignments_and_configure():
     s = FedSpaLLM(sparsity=0.6, seed=3, rounds=2, resources=(0.5, 0.25, 0.25))
     plan = s.assignments(3, 8)
     assert [len(b) for b in plan[0]] == [4, 2, 2] and uncovered_blocks(plan[:1], 8) == []
-    config = s.configure(1, n_clients=3, n_blocks=8)
-    assert config["blocks"] == plan[1] and config["method"] == "sparsegpt_update" and config["send"] == "weights+mask"
+    config = s.configure_round(1, n_clients=3, n_blocks=8)
+    assert [list(b) for b in config.blocks] == plan[1] and config.send == "weights+mask" and config.round == 1
+    with pytest.raises(ValueError, match="round 2 outside 0..1"):
+        s.configure_round(2, 3, 8)
     full = FedSpaLLM().assignments(2, 3)
     assert full == [[[0, 1, 2], [0, 1, 2]]]
 

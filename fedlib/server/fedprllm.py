@@ -6,6 +6,12 @@ seeded keys (the reference breaks layer ties randomly and row/column ties by ind
 random order is deterministic and unbiased). Optional weight scaling multiplies surviving
 weights by (m - M_hat) / m at application time, so the global file keeps the vote counts.
 
+Schedules (:mod:`fedlib.server.strategy`): ``mode="one-shot"`` is one round over all blocks,
+``mode="iterative"`` one round per block. Defences act on the votes, not as another server: a
+:class:`VoteHook` may replace each client's bits before they are counted (a local randomizer,
+e.g. randomized response) and the counts before the selection, and says what the global file
+records in place of the true counts.
+
 The aggregation streams over layers: at any time it holds one layer's counts plus one
 client's bits of that layer, whatever the number of clients, and writes each layer's global
 mask and counts to the output as it goes.
@@ -13,20 +19,18 @@ mask and counts to the output as it goes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from fedlib.groups import prune_lowest
-from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter
+from fedlib.maskfile import MaskFile, MaskWriter
 from fedlib.models import LayerInfo
+from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 
-
-#: what every client of one aggregation must have in common (the model fingerprint and layers
-#: are checked against the server's model when each file is opened)
-COHORT_FIELDS = ("method", "group", "sparsity", "allocation")
+MODES = ("one-shot", "iterative")
 
 
 def global_mask_from_votes(votes: torch.Tensor, sparsity: float, group: str, seed: int, name: str) -> torch.Tensor:
@@ -46,53 +50,126 @@ def scale_factors(votes: torch.Tensor, n_clients: int) -> torch.Tensor:
     return (n_clients - votes.to(torch.float32)) / n_clients
 
 
+class VoteHook:
+    """A defence on FedPrLLM's votes; the default changes nothing. Subclasses override what
+    they change. ``label`` is appended to the global file's method, ``header_extra()`` goes into
+    its metadata."""
+
+    label: str = ""
+    #: True when :meth:`client_mask` changes bits (the counts of true and reported bits differ)
+    randomizes_clients: bool = False
+
+    def client_mask(self, client_id: str, name: str, mask: torch.Tensor) -> torch.Tensor:
+        """What client ``client_id`` reports for layer ``name`` instead of its true ``mask``."""
+        return mask
+
+    def counts(self, info: LayerInfo, counts: torch.Tensor, n_clients: int) -> torch.Tensor:
+        """The counts the selection sees, from the reported ones (e.g. their noisy law)."""
+        return counts
+
+    def recorded_votes(self, info: LayerInfo, observed: torch.Tensor, n_clients: int) -> torch.Tensor:
+        """What the global file's ``votes:`` tensor holds (int16): by default the counts seen."""
+        return observed
+
+    def finished(self, info: LayerInfo, true_counts: torch.Tensor, observed: torch.Tensor,
+                 mask: torch.Tensor) -> None:
+        """Called once per layer after the selection, for a defence's own measurements (the true
+        counts are the simulation's view, never the server's)."""
+
+    def header_extra(self) -> dict[str, str]:
+        return {}
+
+
+class VoteCount(LayerAggregator):
+    """One layer's votes; :meth:`finish` selects the global mask."""
+
+    def __init__(self, strategy: "FedPrLLM", info: LayerInfo, n_clients: int, allocation: str):
+        self.strategy, self.info, self.n_clients, self.allocation = strategy, info, n_clients, allocation
+        self.true = torch.zeros(info.shape, dtype=torch.int16)
+        hook = strategy.hook
+        self.reported = torch.zeros(info.shape, dtype=torch.int16) if hook and hook.randomizes_clients else None
+
+    def add(self, client_id: str, mask: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+        self.true += mask.to(torch.int16)
+        if self.reported is not None:
+            self.reported += self.strategy.hook.client_mask(client_id, self.info.name, mask).to(torch.int16)
+
+    def finish(self) -> LayerResult:
+        s, info, n = self.strategy, self.info, self.n_clients
+        counts = self.true if self.reported is None else self.reported
+        observed = counts if s.hook is None else s.hook.counts(info, counts, n)
+        mask = global_mask_from_votes(observed, s.layer_sparsity(info.name, observed, n, self.allocation),
+                                      s.group, s.seed, info.name)
+        if s.hook is None:
+            return LayerResult(mask, observed)
+        s.hook.finished(info, self.true, observed, mask)
+        return LayerResult(mask, s.hook.recorded_votes(info, observed, n))
+
+
 @dataclass
-class FedPrLLM:
-    """The server strategy: ``configure`` says what clients must send, ``aggregate`` turns
-    their mask files into the global mask file."""
+class FedPrLLM(Strategy):
+    """``group``: server comparison group; ``sparsity``: the server's target (a float, or a
+    per-layer mapping); clients whose method allocates per layer (``nonuniform`` mask files:
+    OWL, BESA) are followed instead, each layer pruned at the mean of their fractions, unless
+    ``follow_client_plan`` is False. ``hook``: a defence on the votes (:class:`VoteHook`)."""
 
     group: str = "layer"
-    sparsity: float = 0.5
+    sparsity: float | Mapping[str, float] = 0.5
     seed: int = 0
+    mode: str = "one-shot"
+    follow_client_plan: bool = True
+    hook: VoteHook | None = field(default=None, repr=False)
 
-    def configure(self) -> dict:
-        return {"sparsity": self.sparsity, "seed": self.seed, "send": "mask"}
+    name = "fedprllm"
+    send = "mask"
+    cohort_fields = ("method", "group", "sparsity", "allocation")
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"FedPrLLM mode must be one of {MODES}, got {self.mode!r}")
+
+    def n_rounds(self, n_blocks: int) -> int:
+        return 1 if self.mode == "one-shot" else n_blocks
+
+    def configure_round(self, round_index: int, n_clients: int, n_blocks: int) -> RoundPlan:
+        self._check_round(round_index, n_blocks)
+        blocks = tuple(range(n_blocks)) if self.mode == "one-shot" else (round_index,)
+        return RoundPlan(round_index, (blocks,) * n_clients, self.send)
+
+    def layer_sparsity(self, name: str, votes: torch.Tensor, n_clients: int, allocation: str) -> float:
+        """The sparsity layer ``name`` is pruned at (class docstring)."""
+        if allocation == "nonuniform" and self.follow_client_plan:
+            return planned_sparsity(votes, n_clients)
+        return self.sparsity[name] if isinstance(self.sparsity, Mapping) else self.sparsity
+
+    def layer_aggregator(self, info: LayerInfo, n_clients: int, allocation: str = "uniform") -> VoteCount:
+        return VoteCount(self, info, n_clients, allocation)
 
     def open_clients(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo]) -> list[MaskFile]:
         files = [MaskFile(p, fingerprint, layers) for p in paths]
-        if not files:
-            raise ValueError("aggregate needs at least one client mask file")
-        seen: dict[str, Path] = {}
-        for f in files:
-            if f.header.role != "client":
-                raise MaskFileError(f.path, "role", f"expected 'client', got {f.header.role!r}")
-            if f.header.client_id in seen:
-                raise MaskFileError(f.path, "client_id", f"{f.header.client_id!r} also sent {seen[f.header.client_id]}")
-            seen[f.header.client_id] = f.path
-        first = files[0].header
-        for f in files[1:]:
-            for name in COHORT_FIELDS:
-                if getattr(f.header, name) != getattr(first, name):
-                    raise MaskFileError(
-                        f.path, name, f"{getattr(f.header, name)!r}, but {first.path} has {getattr(first, name)!r}: "
-                        f"the clients of one aggregation agree on {', '.join(COHORT_FIELDS)}")
+        self.check_cohort(files)
         return files
 
-    def aggregate(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo], out: Path) -> dict:
+    def aggregate(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo], out: Path,
+                  **options) -> dict:
+        if options:
+            raise ValueError(f"fedprllm: unknown aggregation options {sorted(options)}")
+        if isinstance(self.sparsity, Mapping):
+            raise ValueError("fedprllm: file aggregation takes one server sparsity (a float)")
         files = self.open_clients(paths, fingerprint, layers)
         first = files[0].header
-        # clients with a per-layer allocation (OWL, BESA): the server follows the clients' plan
         allocation = first.allocation
-        # one layer at a time, from the clients' files to the global file
+        hook = self.hook or VoteHook()
         with MaskWriter(
             out, layers, fingerprint=fingerprint, role="global", client_id="server",
-            method=f"fedprllm[{first.method}]", group=self.group, sparsity=self.sparsity, allocation=allocation,
-            n_samples=sum(f.header.n_samples for f in files), seed=self.seed, n_clients=len(files), votes=True,
+            method=f"fedprllm[{first.method}]{hook.label}", group=self.group, sparsity=self.sparsity,
+            allocation=allocation, n_samples=sum(f.header.n_samples for f in files), seed=self.seed,
+            n_clients=len(files), votes=True, extra=hook.header_extra() or None,
         ) as writer:
-            for info in layers:
-                count = torch.zeros(info.shape, dtype=torch.int16)
+            for info in layers:  # one layer at a time, from the clients' files to the global file
+                layer = self.layer_aggregator(info, len(files), allocation)
                 for f in files:
-                    count += f.layer_mask(info.name)
-                target = planned_sparsity(count, len(files)) if allocation == "nonuniform" else self.sparsity
-                writer.add(info.name, global_mask_from_votes(count, target, self.group, self.seed, info.name), count)
+                    layer.add(f.header.client_id, f.layer_mask(info.name))
+                result = layer.finish()
+                writer.add(info.name, result.mask, result.votes)
         return {"n_clients": len(files), "group": self.group, "sparsity": self.sparsity, "allocation": allocation}

@@ -53,33 +53,25 @@ A round (Algorithm 1, what fedlib does)
     sampled in any round stays dense: the result reports it, and the simulation driver refuses
     it unless told otherwise (the paper's guarantee would not hold).
 
-Upload files ("weight files") are mask files (``fedlib.maskfile``: same header, same packed
-``mask:<layer>`` bits, same checks, every error naming file and field) that also carry one tensor
-``weight:<layer>`` per pruned linear (float16 or float32, the layer's shape, exactly 0 where the
-mask prunes) and the metadata ``x_payload = "weights"``, ``x_weight_dtype``, ``x_round``. A file
-lists only the linears of the blocks the client pruned, in model order, whole blocks only. The
-server's global file has the same format (role ``global``, plus ``votes:<layer>`` = ``C_j``) and
-lists the blocks aggregated so far.
+Uploads and global models are weight files (:mod:`fedlib.weightfile`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from fedlib.groups import GROUPS, expected_pruned, prune_lowest, seeded_generator, sparsity_for_count
-from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter, read_header
-from fedlib.models import LayerInfo, linear_by_name
+from fedlib.groups import GROUPS, prune_lowest, seeded_generator, sparsity_for_count
+from fedlib.maskfile import MaskFileError
+from fedlib.models import LayerInfo
+from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
+from fedlib.weightfile import WEIGHT_DTYPES, open_weight_file, write_weight_file
 
-WEIGHT_PREFIX = "weight:"
-PAYLOAD = "weights"
-WEIGHT_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 ROUNDINGS = ("ceil", "floor")
 SAMPLERS = ("cyclic", "independent")
 
@@ -250,173 +242,31 @@ def uncovered_blocks(assignments: Sequence[Sequence[Sequence[int]]], n_blocks: i
     return [b for b in range(n_blocks) if b not in seen]
 
 
-# --------------------------------------------------------------------------- baselines
-
-
-def random_masks(layers: Iterable[LayerInfo], sparsity: float, seed: int, group: str = "layer") -> dict[str, torch.Tensor]:
-    """The Random pruning baseline: per layer, the lowest of seeded uniform random scores."""
-    masks = {}
-    for info in layers:
-        scores = torch.rand(info.shape, generator=seeded_generator(seed, "random-pruning", info.name))
-        masks[info.name] = prune_lowest(scores, sparsity, group, seed, f"random:{info.name}")
-    return masks
-
-
-# --------------------------------------------------------------------------- weight files
-
-
-class WeightFileWriter(MaskWriter):
-    """An upload (``role="client"``) or a global result (``role="global"``) for ``layers`` (the
-    pruned linears, whole blocks, model order), written layer by layer (:class:`MaskWriter`).
-    Weights are stored in ``weight_dtype`` and must be finite; they are set to 0 where the mask
-    prunes. ``allocation`` is ``uniform`` when every layer prunes exactly what
-    :func:`fedlib.groups.expected_pruned` says, else ``nonuniform`` (Eq. 7's ceil can be one
-    weight above the floor count)."""
-
-    def __init__(self, path: Path, layers: Sequence[LayerInfo], *, weight_dtype: str = "float32",
-                 round_index: int = 0, extra: Mapping[str, str] | None = None, **header):
-        if weight_dtype not in WEIGHT_DTYPES:
-            raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPES)}, got {weight_dtype!r}")
-        self.weight_dtype = WEIGHT_DTYPES[weight_dtype]
-        meta = {"payload": PAYLOAD, "weight_dtype": weight_dtype, "round": str(int(round_index))}
-        meta.update(extra or {})
-        declared = {f"{WEIGHT_PREFIX}{info.name}": (self.weight_dtype, info.shape) for info in layers}
-        super().__init__(path, layers, extra=meta, tensors=declared, **header)
-        self.sparsity, self.group = float(header["sparsity"]), header["group"]
-        self.uniform = True
-
-    def add_layer(self, name: str, mask: torch.Tensor, weight: torch.Tensor, votes: torch.Tensor | None = None) -> None:
-        shape = self.shapes.get(name)
-        if shape is not None and tuple(weight.shape) != shape:
-            raise ValueError(f"{name}: weight shape {tuple(weight.shape)} != layer {shape}")
-        stored = weight.detach().to("cpu", self.weight_dtype).clone()
-        if not torch.isfinite(stored).all():
-            raise ValueError(f"{name}: weights are not finite in {self.weight_dtype}")
-        stored[mask.to("cpu", torch.bool)] = 0
-        self.add(name, mask, votes)
-        self.add_tensor(f"{WEIGHT_PREFIX}{name}", stored)
-        self.uniform &= self.pruned[name] == expected_pruned(shape, self.sparsity, self.group)
-
-    def close(self) -> None:
-        self.metadata["allocation"] = "uniform" if self.uniform else "nonuniform"
-        super().close()
-
-
-def write_weight_file(
-    path: Path,
-    masks: Mapping[str, torch.Tensor],
-    weights: Mapping[str, torch.Tensor],
-    layers: Sequence[LayerInfo],
-    *,
-    votes: Mapping[str, torch.Tensor] | None = None,
-    **header,
-) -> None:
-    """A whole weight file at once (:class:`WeightFileWriter` for the fields)."""
-    with WeightFileWriter(path, layers, votes=votes is not None, **header) as writer:
-        for info in layers:
-            writer.add_layer(info.name, masks[info.name], weights[info.name],
-                             None if votes is None else votes[info.name])
-
-
-class WeightFile(MaskFile):
-    """An open, header-checked weight file; layers are read and checked one at a time."""
-
-    def __init__(self, path: Path, expected_fingerprint: str | None = None,
-                 expected_layers: Sequence[LayerInfo] | None = None):
-        super().__init__(path, expected_fingerprint, expected_layers)
-        extra = self.header.extra
-        if extra.get("payload") != PAYLOAD:
-            raise MaskFileError(self.path, "x_payload", f"expected {PAYLOAD!r} (a FedSpaLLM weight file), got {extra.get('payload')!r}")
-        if extra.get("weight_dtype") not in WEIGHT_DTYPES:
-            raise MaskFileError(self.path, "x_weight_dtype", f"expected one of {sorted(WEIGHT_DTYPES)}, got {extra.get('weight_dtype')!r}")
-        try:
-            self.round = int(extra.get("round", ""))
-        except ValueError:
-            raise MaskFileError(self.path, "x_round", f"cannot parse {extra.get('round')!r} as int") from None
-        self.weight_dtype = WEIGHT_DTYPES[extra["weight_dtype"]]
-
-    @property
-    def layer_names(self) -> list[str]:
-        return [layer["name"] for layer in self.header.layers]
-
-    def has_layer(self, name: str) -> bool:
-        return name in self._shapes
-
-    def layer_weight(self, name: str, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The layer's weights as float32, checked: dtype, shape, finite, 0 where pruned."""
-        key = f"{WEIGHT_PREFIX}{name}"
-        if not self.has_layer(name):
-            raise MaskFileError(self.path, key, "layer not in this file")
-        weight = self._tensor(key)
-        shape = tuple(self._shapes[name]["shape"])
-        if weight.dtype != self.weight_dtype or tuple(weight.shape) != shape:
-            raise MaskFileError(self.path, key, f"expected {self.weight_dtype} of shape {shape}, got {weight.dtype} {tuple(weight.shape)}")
-        if not torch.isfinite(weight).all():
-            raise MaskFileError(self.path, key, "contains NaN or infinite values")
-        mask = self.layer_mask(name) if mask is None else mask
-        bad = int((weight[mask] != 0).sum())
-        if bad:
-            raise MaskFileError(self.path, key, f"{bad} weights are nonzero where the mask prunes them")
-        return weight.to(torch.float32)
-
-    def blocks(self, model_layers: Sequence[LayerInfo]) -> list[int]:
-        index = {info.name: info.block for info in model_layers}
-        return sorted({index[n] for n in self.layer_names})
-
-
-def open_weight_file(
-    path: Path,
-    fingerprint: str,
-    model_layers: Sequence[LayerInfo],
-    assigned_blocks: Sequence[int] | None = None,
-) -> WeightFile:
-    """Open a weight file listing a subset of the model's linears: the subset must be whole
-    decoder blocks in model order (and exactly ``assigned_blocks`` when given)."""
-    header = read_header(path, fingerprint)
-    by_name = {info.name: info for info in model_layers}
-    unknown = [layer["name"] for layer in header.layers if layer["name"] not in by_name]
-    if unknown:
-        raise MaskFileError(path, "layers", f"{unknown[0]!r} is not a prunable layer of the model")
-    blocks = sorted({by_name[layer["name"]].block for layer in header.layers})
-    subset = [info for info in model_layers if info.block in blocks]
-    if assigned_blocks is not None and blocks != sorted(assigned_blocks):
-        raise MaskFileError(path, "layers", f"covers blocks {blocks}, the server assigned {sorted(assigned_blocks)}")
-    return WeightFile(path, fingerprint, subset)  # checks whole blocks, order and shapes
-
-
-@torch.no_grad()
-def apply_weights(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
-    """Replace the listed linears' weights in place (a FedSpaLLM global model)."""
-    for name, weight in weights.items():
-        linear = linear_by_name(model, name)
-        linear.weight.copy_(weight.to(linear.weight.device, linear.weight.dtype))
-
-
-def apply_weight_file(model: nn.Module, path: Path, model_fingerprint: str) -> dict:
-    """Load a (global or client) weight file into ``model`` in place; linears it does not list
-    keep their base weights. ``model_fingerprint`` is the *base* model's fingerprint."""
-    from fedlib.models import prunable_layers
-
-    wf = open_weight_file(path, model_fingerprint, prunable_layers(model))
-    for name in wf.layer_names:
-        apply_weights(model, {name: wf.layer_weight(name)})
-    header = wf.header
-    return {"role": header.role, "method": header.method, "group": header.group,
-            "sparsity": header.sparsity, "n_clients": header.n_clients, "layers": len(wf.layer_names),
-            "round": wf.round, "uncovered_blocks": json.loads(header.extra.get("uncovered_blocks", "[]"))}
-
-
 # --------------------------------------------------------------------------- the strategy
 
 
-@dataclass
-class FedSpaLLM:
-    """Flower-like server strategy: :meth:`configure` tells clients what to prune and send in a
-    round, :meth:`aggregate` turns their weight files into the global weight file.
+class L0Layer(LayerAggregator):
+    """One layer's FedSpaLLM aggregation in the strategy protocol: ℓ0 mean, then expansion."""
 
-    ``group`` is the mask-expansion group, ``resources`` the clients' fractions of the model per
-    round (None: every client prunes every block, the paper's experiments), ``rounds`` = T.
-    """
+    def __init__(self, strategy: "FedSpaLLM", info: LayerInfo):
+        self.strategy, self.acc = strategy, L0Accumulator(info.shape, info.name)
+
+    def add(self, client_id: str, mask: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+        if weight is None:
+            raise ValueError(f"{self.acc.name}: FedSpaLLM clients send weights with their masks")
+        self.acc.add(mask, weight)
+
+    def finish(self) -> LayerResult:
+        s = self.strategy
+        weight, mask, votes = self.acc.finish(s.sparsity, s.group, s.seed, s.rounding)
+        return LayerResult(mask, votes, weight)
+
+
+@dataclass
+class FedSpaLLM(Strategy):
+    """``group`` is the mask-expansion group, ``resources`` the clients' fractions of the model
+    per round (None: every client prunes every block, the paper's experiments), ``rounds`` = T.
+    Clients run ``method`` and send weights in ``weight_dtype``."""
 
     group: str = "layer"
     sparsity: float = 0.5
@@ -428,6 +278,10 @@ class FedSpaLLM:
     method: str = "sparsegpt_update"
     weight_dtype: str = "float32"
 
+    name = "fedspallm"
+    send = "weights+mask"
+    cohort_fields = ("method", "group", "sparsity")
+
     def __post_init__(self):
         if self.group not in GROUPS:
             raise ValueError(f"FedSpaLLM expansion group must be one of {GROUPS}, got {self.group!r}")
@@ -437,6 +291,11 @@ class FedSpaLLM:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPES)}")
+        if self.rounds < 1:
+            raise ValueError(f"FedSpaLLM needs at least one round, got {self.rounds}")
+
+    def n_rounds(self, n_blocks: int) -> int:
+        return self.rounds
 
     def assignments(self, n_clients: int, n_blocks: int) -> list[list[list[int]]]:
         """``[round][client]`` -> blocks that client prunes in that round."""
@@ -447,12 +306,13 @@ class FedSpaLLM:
         counts = blocks_per_round(self.resources, n_blocks)
         return sample_blocks(n_blocks, counts, self.rounds, self.seed, self.sampler)
 
-    def configure(self, round_index: int = 0, n_clients: int | None = None, n_blocks: int | None = None) -> dict:
-        config = {"sparsity": self.sparsity, "seed": self.seed, "send": "weights+mask",
-                  "method": self.method, "weight_dtype": self.weight_dtype, "round": round_index}
-        if n_clients is not None and n_blocks is not None:
-            config["blocks"] = self.assignments(n_clients, n_blocks)[round_index]
-        return config
+    def configure_round(self, round_index: int, n_clients: int, n_blocks: int) -> RoundPlan:
+        self._check_round(round_index, n_blocks)
+        row = self.assignments(n_clients, n_blocks)[round_index]
+        return RoundPlan(round_index, tuple(tuple(blocks) for blocks in row), self.send)
+
+    def layer_aggregator(self, info: LayerInfo, n_clients: int, allocation: str = "uniform") -> L0Layer:
+        return L0Layer(self, info)
 
     def aggregate(
         self,
@@ -470,17 +330,14 @@ class FedSpaLLM:
         checked against the blocks of ``paths[i]``; ``round_index`` against each file's round."""
         if not paths:
             raise ValueError("aggregate needs at least one client weight file")
-        files, seen = [], {}
-        for i, path in enumerate(paths):
-            f = open_weight_file(Path(path), fingerprint, layers, None if assigned is None else assigned[i])
-            if f.header.role != "client":
-                raise MaskFileError(f.path, "role", f"expected 'client', got {f.header.role!r}")
-            if f.header.client_id in seen:
-                raise MaskFileError(f.path, "client_id", f"{f.header.client_id!r} also sent {seen[f.header.client_id]}")
+        if assigned is not None and len(assigned) != len(paths):
+            raise ValueError(f"the round plan has {len(assigned)} clients, {len(paths)} files were given")
+        files = [open_weight_file(Path(path), fingerprint, layers, None if assigned is None else assigned[i])
+                 for i, path in enumerate(paths)]
+        self.check_cohort(files)
+        for f in files:
             if round_index is not None and f.round != round_index:
                 raise MaskFileError(f.path, "x_round", f"upload for round {f.round}, aggregating round {round_index}")
-            seen[f.header.client_id] = f.path
-            files.append(f)
         prev = open_weight_file(Path(previous), fingerprint, layers) if previous is not None else None
         if prev is not None and prev.header.role != "global":
             raise MaskFileError(prev.path, "role", f"expected 'global', got {prev.header.role!r}")
@@ -489,12 +346,12 @@ class FedSpaLLM:
         for info in layers:
             senders = [f for f in files if f.has_layer(info.name)]
             if senders:
-                acc = L0Accumulator(info.shape, info.name)
+                layer = self.layer_aggregator(info, len(senders))
                 for f in senders:
                     mask = f.layer_mask(info.name)
-                    acc.add(mask, f.layer_weight(info.name, mask))
-                weights[info.name], masks[info.name], votes[info.name] = acc.finish(
-                    self.sparsity, self.group, self.seed, self.rounding)
+                    layer.add(f.header.client_id, mask, f.layer_weight(info.name, mask))
+                result = layer.finish()
+                weights[info.name], masks[info.name], votes[info.name] = result.weight, result.mask, result.votes
                 clients_per_layer[info.name] = len(senders)
             elif info.name in prev_names:
                 masks[info.name] = prev.layer_mask(info.name)
@@ -519,15 +376,3 @@ class FedSpaLLM:
         return {"n_clients": len(files), "group": self.group, "sparsity": self.sparsity,
                 "round": round_value, "layers": len(covered), "uncovered_blocks": uncovered,
                 "clients_per_layer_min": min(clients_per_layer.values(), default=0)}
-
-
-def pruned_fraction(masks: Mapping[str, torch.Tensor]) -> float:
-    total = sum(m.numel() for m in masks.values())
-    return sum(int(m.sum()) for m in masks.values()) / max(total, 1)
-
-
-__all__ = [
-    "FedSpaLLM", "L0Accumulator", "WeightFile", "aggregate_layer", "apply_weight_file", "apply_weights",
-    "blocks_per_round", "expand_mask", "open_weight_file", "pruned_fraction", "random_masks",
-    "sample_blocks", "target_count", "uncovered_blocks", "WeightFileWriter", "write_weight_file",
-]
