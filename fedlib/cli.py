@@ -129,15 +129,105 @@ def cmd_client_mask(args) -> None:
           f"in {done - start:.1f}s ({(done - opened) / handle.n_blocks:.2f}s per block)")
 
 
-def cmd_aggregate(args) -> None:
-    from fedlib.models import open_model
+#: server options that belong to one strategy only (None = not given); the rest are shared
+STRATEGY_OPTIONS = ("mode", "rounds", "resources", "sampler", "rounding")
+
+
+def strategy_from_args(args):
+    """The server strategy ``--strategy`` names, with the options given on the command line
+    (each must be a field of that strategy: ``--rounds`` means nothing to FedPrLLM)."""
+    import dataclasses
+
     from fedlib.server import STRATEGIES
 
+    if args.strategy not in STRATEGIES:
+        raise ValueError(f"--strategy {args.strategy!r}: expected one of {sorted(STRATEGIES)}")
+    cls = STRATEGIES[args.strategy]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    options = {"group": args.group, "sparsity": args.sparsity, "seed": args.seed}
+    for name in STRATEGY_OPTIONS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name not in fields:
+            raise ValueError(f"--{name} is not an option of the {args.strategy} strategy")
+        options[name] = tuple(value) if name == "resources" else value
+    return cls(**options)
+
+
+def add_strategy_arguments(p) -> None:
+    p.add_argument("--strategy", default="fedprllm", help="server strategy: fedprllm or fedspallm")
+    p.add_argument("--group", default="layer",
+                   help="server comparison group (fedprllm: layer, row, column or N:M; fedspallm: the expansion group)")
+    p.add_argument("--sparsity", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, help="fedspallm: number of rounds T")
+    p.add_argument("--resources", type=float, nargs="+",
+                   help="fedspallm: per client, the fraction of the blocks it prunes per round (layer sampling)")
+    p.add_argument("--sampler", choices=["cyclic", "independent"], help="fedspallm: layer sampler")
+
+
+def cmd_configure(args) -> None:
+    from fedlib.models import open_model
+
+    strategy = strategy_from_args(args)
+    n_blocks = open_model(args.model, weights=False).n_blocks
+    plan = strategy.configure_round(args.round, args.clients, n_blocks)
+    payload = {"strategy": strategy.name, "n_rounds": strategy.n_rounds(n_blocks), **plan.as_dict()}
+    if args.out:
+        _write_json(Path(args.out), payload)
+    print(json.dumps(payload))
+
+
+def cmd_aggregate(args) -> None:
+    from fedlib.models import open_model
+
+    strategy = strategy_from_args(args)
     handle = open_model(args.model, weights=False)  # only its fingerprint and layer list: nothing is read
-    strategy = STRATEGIES[args.strategy](group=args.group, sparsity=args.sparsity, seed=args.seed)
+    options = {}
+    if args.previous is not None:
+        options["previous"] = Path(args.previous)
+    if args.round is not None:
+        options["round_index"] = args.round
     summary = strategy.aggregate([Path(p) for p in args.masks], handle.fingerprint(), handle.layers(),
-                                 Path(args.out))
+                                 Path(args.out), **options)
     print(f"wrote {args.out}: {summary}")
+
+
+def cmd_client_weights(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.federation import fedspallm_client
+    from fedlib.weightfile import WeightFileWriter, open_weight_file
+
+    start = time.perf_counter()
+    handle, placement = open_placed(args)
+    layers, base = handle.layers(), handle.fingerprint()
+    ids, _ = load_tokens(Path(args.calib))
+    blocks = sorted(set(args.blocks))
+    if blocks[0] < 0 or blocks[-1] >= handle.n_blocks:
+        raise ValueError(f"--blocks {blocks}: the model has blocks 0..{handle.n_blocks - 1}")
+    global_masks, global_weights = {}, {}
+    if args.global_weights:
+        # the current global state of the assigned blocks (Algorithm 1, line 6); others stay dense
+        current = open_weight_file(Path(args.global_weights), base, layers)
+        for info in layers:
+            if info.block in blocks and current.has_layer(info.name):
+                global_masks[info.name] = current.layer_mask(info.name)
+                global_weights[info.name] = current.layer_weight(info.name, global_masks[info.name])
+    options = json.loads(args.method_options) if args.method_options else None
+    mine = [info for info in layers if info.block in blocks]
+    with WeightFileWriter(
+        Path(args.out), mine, fingerprint=base, role="client", client_id=args.client_id, method=args.method,
+        group=args.group, sparsity=args.sparsity, n_samples=ids.shape[0], seed=args.seed,
+        weight_dtype=args.weight_dtype, round_index=args.round,
+    ) as writer:
+        fedspallm_client(handle, ids, blocks, args.sparsity, args.seed, group=args.group,
+                         batch_size=args.batch_size, method=args.method, method_options=options,
+                         global_weights=global_weights, global_masks=global_masks, keep=False,
+                         placement=placement,
+                         on_block=lambda _i, upload: [writer.add_layer(n, m, upload.weights[n])
+                                                      for n, m in upload.masks.items()])
+    print(f"wrote {args.out}: blocks {blocks}, round {args.round}, in {time.perf_counter() - start:.1f}s")
 
 
 def cmd_iterative(args) -> None:
@@ -205,8 +295,9 @@ def cmd_fedspallm(args) -> None:
                 for name, mask in upload.masks.items():
                     writers[client].add_layer(name, mask, upload.weights[name])
 
-        result = fedspallm_prune(handle, clients, strategy, batch_size=args.batch_size, placement=placement,
-                                 on_upload=keep_standalone if writers else None)
+        options = json.loads(args.method_options) if args.method_options else None
+        result = fedspallm_prune(handle, clients, strategy, batch_size=args.batch_size, method_options=options,
+                                 placement=placement, on_upload=keep_standalone if writers else None)
     pruned = [info for info in layers if info.name in result.weights]
     write_weight_file(Path(args.out), result.masks, result.weights, pruned, fingerprint=base,
                       role="global", client_id="server", method="fedspallm", group=args.group,
@@ -355,14 +446,45 @@ def build_parser() -> argparse.ArgumentParser:
     add_placement_arguments(p)
     p.add_argument("--out", required=True)
 
-    p = verb("aggregate", cmd_aggregate, "server: aggregate client mask files into the global mask")
+    p = verb("configure", cmd_configure,
+             "server: what each client prunes and sends in a round (JSON: blocks per client)")
+    p.add_argument("--model", required=True, help="model folder (only its number of blocks is read)")
+    add_strategy_arguments(p)
+    p.add_argument("--mode", choices=["one-shot", "iterative"], help="fedprllm: one round, or one per block")
+    p.add_argument("--clients", type=int, required=True)
+    p.add_argument("--round", type=int, default=0)
+    p.add_argument("--out", help="also write the plan here")
+
+    p = verb("aggregate", cmd_aggregate,
+             "server: aggregate one round's client files (fedprllm: mask files; fedspallm: weight files)")
     p.add_argument("--model", required=True)
-    p.add_argument("--strategy", default="fedprllm", choices=["fedprllm"])
-    p.add_argument("--group", default="layer", help="server comparison group: layer, row, column or N:M")
-    p.add_argument("--sparsity", type=float, default=0.5)
-    p.add_argument("--seed", type=int, default=0)
+    add_strategy_arguments(p)
+    p.add_argument("--rounding", choices=["ceil", "floor"], help="fedspallm: expansion target, Eq. 7 (ceil)")
+    p.add_argument("--previous", help="fedspallm: last round's global weight file (layers no upload covers)")
+    p.add_argument("--round", type=int,
+                   help="fedspallm: the round aggregated; every upload must say it (and, with --resources, "
+                        "cover exactly the blocks the plan of that round gave its client, files in client order)")
     p.add_argument("--out", required=True)
-    p.add_argument("masks", nargs="+")
+    p.add_argument("masks", nargs="+", help="client files")
+
+    p = verb("client-weights", cmd_client_weights,
+             "FedSpaLLM client: prune the blocks the server assigned, upload weights and masks")
+    p.add_argument("--model", required=True)
+    p.add_argument("--calib", required=True, help="token file of this client's calibration samples")
+    p.add_argument("--blocks", type=int, nargs="+", required=True, help="decoder blocks assigned this round")
+    p.add_argument("--global-weights", help="the server's current global weight file (none in round 0)")
+    p.add_argument("--round", type=int, default=0)
+    p.add_argument("--method", default="sparsegpt_update")
+    p.add_argument("--method-options", help="JSON of method options (as client-mask)")
+    p.add_argument("--sparsity", type=float, default=0.5)
+    p.add_argument("--group", default="layer", help="local comparison group")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client-id", default="0")
+    p.add_argument("--weight-dtype", default="float16", choices=["float16", "float32"])
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=0)
+    add_placement_arguments(p)
+    p.add_argument("--out", required=True)
 
     p = verb("iterative", cmd_iterative,
              "simulate iterative FedPrLLM (one round per decoder block) over client token files")
@@ -390,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--resources", type=float, nargs="*", help="per client: fraction of blocks per round")
     p.add_argument("--weight-dtype", default="float16", choices=["float16", "float32"])
+    p.add_argument("--method-options", help="JSON of the clients' method options (as client-mask)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)

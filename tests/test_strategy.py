@@ -1,0 +1,157 @@
+"""The server protocol: schedules of the three federations, vote hooks, and FedSpaLLM by files
+(configure -> client-weights -> aggregate) against the in-memory simulation."""
+
+import json
+
+import pytest
+import torch
+
+from fedlib.cli import main
+from fedlib.client import prune_locally
+from fedlib.data import save_tokens
+from fedlib.federation import fedspallm_prune, iterative_prune, one_shot_prune
+from fedlib.maskfile import MaskFile, write_mask_file
+from fedlib.models import fingerprint, load_model, prunable_layers
+from fedlib.server import STRATEGIES, FedPrLLM, FedSpaLLM
+from fedlib.server.fedprllm import VoteHook
+from fedlib.weightfile import open_weight_file
+
+
+def test_schedules_of_the_three_federations():
+    one_shot, iterative = FedPrLLM(mode="one-shot"), FedPrLLM(mode="iterative")
+    assert one_shot.n_rounds(4) == 1 and one_shot.configure_round(0, 2, 4).blocks == ((0, 1, 2, 3),) * 2
+    assert iterative.n_rounds(4) == 4
+    assert [iterative.configure_round(r, 3, 4).blocks for r in range(4)] == [((r,),) * 3 for r in range(4)]
+    spa = FedSpaLLM(rounds=3, resources=(0.25, 0.5), seed=1)
+    plans = [spa.configure_round(t, 2, 4) for t in range(3)]
+    assert [list(map(list, p.blocks)) for p in plans] == spa.assignments(2, 4)
+    assert all(len(p.blocks[0]) == 1 and len(p.blocks[1]) == 2 for p in plans)
+    with pytest.raises(ValueError, match="round 1 outside 0..0"):
+        one_shot.configure_round(1, 2, 4)
+    with pytest.raises(ValueError, match="mode"):
+        FedPrLLM(mode="twice")
+    assert set(STRATEGIES) == {"fedprllm", "fedspallm"}
+
+
+class Inverting(VoteHook):
+    """Every client reports the opposite of its mask (a Byzantine cohort, for the test)."""
+
+    label = "+inverted"
+    randomizes_clients = True
+
+    def __init__(self):
+        self.seen = []
+
+    def client_mask(self, client_id, name, mask):
+        return ~mask
+
+    def finished(self, info, true_counts, observed, mask):
+        self.seen.append((info.name, int(true_counts.sum()), int(observed.sum())))
+
+
+def _client_masks(model, n=3):
+    return [prune_locally(model, torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(c)),
+                          "wanda", 0.5, "row", 0).masks for c in range(n)]
+
+
+def _write_clients(model, masks, tmp_path, prefix="c"):
+    layers, fp = prunable_layers(model), fingerprint(model)
+    paths = []
+    for c, m in enumerate(masks):
+        path = tmp_path / f"{prefix}{c}.mask.safetensors"
+        write_mask_file(path, m, layers, fingerprint=fp, role="client", client_id=str(c), method="wanda",
+                        group="row", sparsity=0.5, n_samples=2)
+        paths.append(path)
+    return paths
+
+
+def test_a_vote_hook_changes_what_is_counted_not_the_server(model, tmp_path):
+    masks = _client_masks(model)
+    layers, fp = prunable_layers(model), fingerprint(model)
+    hook = Inverting()
+    FedPrLLM(group="layer", sparsity=0.5, seed=0, hook=hook).aggregate(
+        _write_clients(model, masks, tmp_path), fp, layers, tmp_path / "hooked.mask.safetensors")
+    # the same server without a hook, on files holding the inverted masks
+    inverted = [{k: ~v for k, v in m.items()} for m in masks]
+    FedPrLLM(group="layer", sparsity=0.5, seed=0).aggregate(
+        _write_clients(model, inverted, tmp_path, "inv"), fp, layers, tmp_path / "plain.mask.safetensors")
+    hooked, plain = MaskFile(tmp_path / "hooked.mask.safetensors"), MaskFile(tmp_path / "plain.mask.safetensors")
+    assert hooked.header.method == "fedprllm[wanda]+inverted"
+    for info in layers:
+        assert torch.equal(hooked.layer_mask(info.name), plain.layer_mask(info.name))
+        assert torch.equal(hooked.layer_votes(info.name).long(), plain.layer_votes(info.name).long())
+    # the hook saw the true counts and the reported ones: they sum to n_clients * numel
+    numel = {info.name: info.shape[0] * info.shape[1] for info in layers}
+    assert [name for name, _, _ in hook.seen] == [info.name for info in layers]
+    assert all(t + o == 3 * numel[name] for name, t, o in hook.seen)
+
+
+def test_simulation_drivers_take_the_same_hook(model, tmp_path):
+    ids = [torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(c)) for c in range(3)]
+    layers, fp = prunable_layers(model), fingerprint(model)
+    result = one_shot_prune(model, ids, "wanda", 0.5, "row", "layer", 0, hook=Inverting())
+    inverted = [{k: ~v for k, v in m.items()} for m in _client_masks(model)]
+    FedPrLLM(group="layer", sparsity=0.5, seed=0).aggregate(
+        _write_clients(model, inverted, tmp_path), fp, layers, tmp_path / "g.mask.safetensors")
+    files = MaskFile(tmp_path / "g.mask.safetensors")
+    assert all(torch.equal(result.masks[i.name], files.layer_mask(i.name)) for i in layers)
+    # iterative: round l's hook sees only block l's layers, in order
+    hook = Inverting()
+    iterative_prune(model, ids, "wanda", 0.5, "row", "layer", 0, hook=hook)
+    assert [name for name, _, _ in hook.seen] == [info.name for info in layers]
+
+
+def test_fedspallm_by_files_is_the_simulation(tiny_model_dir, tmp_path):
+    """Two rounds with layer sampling, run as a real protocol: the server configures each round,
+    every client prunes its blocks from the last global file, the server aggregates with the
+    previous global; the result is the in-memory simulation's, bit for bit."""
+    model_dir = str(tiny_model_dir)
+    model = load_model(model_dir)[0]
+    vocab, n_blocks = model.config.vocab_size, model.config.num_hidden_layers
+    resources = ["0.5", "0.5", "0.5"]
+    calib = []
+    for c in range(3):
+        path = tmp_path / f"calib_{c}.safetensors"
+        save_tokens(path, torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(c)))
+        calib.append(path)
+    common = ["--model", model_dir, "--strategy", "fedspallm", "--sparsity", "0.6", "--seed", "2",
+              "--rounds", "2", "--resources", *resources]
+    previous = None
+    for t in range(2):
+        plan_path = tmp_path / f"plan_{t}.json"
+        assert main(["configure", *common, "--clients", "3", "--round", str(t), "--out", str(plan_path)]) == 0
+        plan = json.loads(plan_path.read_text())
+        assert plan["n_rounds"] == 2 and plan["send"] == "weights+mask"
+        uploads = []
+        for c, blocks in enumerate(plan["blocks"]):
+            out = tmp_path / f"up_{t}_{c}.weights.safetensors"
+            args = ["client-weights", "--model", model_dir, "--calib", str(calib[c]), "--blocks", *map(str, blocks),
+                    "--round", str(t), "--sparsity", "0.6", "--seed", "2", "--client-id", str(c), "--out", str(out)]
+            assert main(args + (["--global-weights", str(previous)] if previous else [])) == 0
+            uploads.append(str(out))
+        glob = tmp_path / f"global_{t}.weights.safetensors"
+        assert main(["aggregate", *common, "--round", str(t), "--out", str(glob), *uploads]
+                    + (["--previous", str(previous)] if previous else [])) == 0
+        previous = glob
+    sim = fedspallm_prune(model, [_tokens(p) for p in calib],
+                          FedSpaLLM(sparsity=0.6, seed=2, rounds=2, resources=(0.5, 0.5, 0.5), weight_dtype="float16"))
+    final = open_weight_file(previous, fingerprint(model), prunable_layers(model))
+    assert sorted(final.layer_names) == sorted(sim.weights) and n_blocks == 2
+    for name in sim.weights:
+        mask = final.layer_mask(name)
+        assert torch.equal(mask, sim.masks[name])
+        assert torch.equal(final.layer_weight(name, mask), sim.weights[name])
+        assert torch.equal(final.layer_votes(name).long(), sim.votes[name].long())
+
+
+def _tokens(path):
+    from fedlib.data import load_tokens
+
+    return load_tokens(path)[0]
+
+
+def test_aggregate_refuses_options_of_another_strategy(tiny_model_dir, tmp_path, capsys):
+    code = main(["aggregate", "--model", str(tiny_model_dir), "--rounds", "2", "--out", str(tmp_path / "g"), "x"])
+    assert code == 2 and "--rounds is not an option of the fedprllm strategy" in capsys.readouterr().err
+    code = main(["aggregate", "--model", str(tiny_model_dir), "--strategy", "fedavg", "--out", str(tmp_path / "g"), "x"])
+    assert code == 2 and "expected one of ['fedprllm', 'fedspallm']" in capsys.readouterr().err
