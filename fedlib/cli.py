@@ -462,8 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounding", choices=["ceil", "floor"], help="fedspallm: expansion target, Eq. 7 (ceil)")
     p.add_argument("--previous", help="fedspallm: last round's global weight file (layers no upload covers)")
     p.add_argument("--round", type=int,
-                   help="fedspallm: the round aggregated; every upload must say it (and, with --resources, "
-                        "cover exactly the blocks the plan of that round gave its client, files in client order)")
+                   help="fedspallm: the round aggregated; every upload must say it")
     p.add_argument("--out", required=True)
     p.add_argument("masks", nargs="+", help="client files")
 

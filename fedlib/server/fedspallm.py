@@ -327,13 +327,10 @@ class FedSpaLLM(Strategy):
     ) -> dict:
         """ℓ0-aggregate and expand every layer some upload covers; layers no upload covers are
         copied from ``previous`` (the last round's global file) when given. ``assigned[i]`` is
-        checked against the blocks of ``paths[i]`` (by default, with ``resources`` and
-        ``round_index``, this strategy's plan of that round, files in client order);
-        ``round_index`` against each file's round."""
+        checked against the blocks of ``paths[i]``; ``round_index`` against each file's round.
+        A client missing from a round (dropout) only means fewer senders for its blocks."""
         if not paths:
             raise ValueError("aggregate needs at least one client weight file")
-        if assigned is None and self.resources is not None and round_index is not None:
-            assigned = self.configure_round(round_index, len(paths), len({info.block for info in layers})).blocks
         if assigned is not None and len(assigned) != len(paths):
             raise ValueError(f"the round plan has {len(assigned)} clients, {len(paths)} files were given")
         files = [open_weight_file(Path(path), fingerprint, layers, None if assigned is None else assigned[i])
