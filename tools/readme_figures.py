@@ -1,8 +1,8 @@
 """Result figures in README.md come from result files, through this command, never by hand.
 
 A generated block in the README sits between ``<!-- figures:NAME -->`` and
-``<!-- /figures:NAME -->``; each NAME has a source file (a benchmark's JSON, a report's CSV)
-and a renderer here. ``python tools/readme_figures.py`` rewrites every block whose source
+``<!-- /figures:NAME -->``; each NAME has its source files (a benchmark's JSON, a report's CSV,
+the six privacy reports) and a renderer here. ``python tools/readme_figures.py`` rewrites every block whose source
 exists; ``--check`` only compares and exits 1 when a block differs from its source (the test
 suite runs it, so a committed figure cannot drift from its committed JSON).
 """
