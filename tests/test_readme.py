@@ -18,6 +18,18 @@ def test_readme_figures_match_their_sources():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_every_block_has_its_source_committed():
+    """--check skips a block whose source is missing, so a source left out of git (reports/ is
+    ignored unless added with -f) would let its block drift unnoticed in a fresh clone."""
+    sys.path.insert(0, str(TOOL.parent))
+    import readme_figures
+
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split())
+    for name in readme_figures.blocks((REPO / "README.md").read_text()):
+        for path in readme_figures._paths(readme_figures.SOURCES[name][0]):
+            assert str(path.relative_to(REPO)) in tracked, f"block {name}: {path.relative_to(REPO)} is not committed"
+
+
 def test_a_hand_edited_figure_is_reported(tmp_path):
     """The check can fail: a block that is not what its (committed) source gives."""
     readme = tmp_path / "README.md"

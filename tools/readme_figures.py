@@ -1,8 +1,8 @@
 """Result figures in README.md come from result files, through this command, never by hand.
 
 A generated block in the README sits between ``<!-- figures:NAME -->`` and
-``<!-- /figures:NAME -->``; each NAME has a source file (a benchmark's JSON, a report's CSV)
-and a renderer here. ``python tools/readme_figures.py`` rewrites every block whose source
+``<!-- /figures:NAME -->``; each NAME has its source files (a benchmark's JSON, a report's CSV,
+the six privacy reports) and a renderer here. ``python tools/readme_figures.py`` rewrites every block whose source
 exists; ``--check`` only compares and exits 1 when a block differs from its source (the test
 suite runs it, so a committed figure cannot drift from its committed JSON).
 """
@@ -132,13 +132,77 @@ def table_csv(path: Path) -> Callable[[dict], str]:
     return render
 
 
+def _records(rows: list[list[str]]) -> list[dict[str, str]]:
+    return [dict(zip(rows[0], row)) for row in rows[1:]]
+
+
+def _row(records: list[dict[str, str]], first: str) -> dict[str, str]:
+    """The row whose first cell starts with ``first`` (report rows are labelled, not numbered)."""
+    return next(r for r in records if next(iter(r.values())).strip().startswith(first))
+
+
+PRIVACY = ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence")
+
+
+def privacy(*tables: list[list[str]]) -> str:
+    """The reduced privacy audit of `make run`, one line per analysis (reports/privacy_<analysis>.csv)."""
+    t = {name: _records(rows) for name, rows in zip(PRIVACY, tables)}
+    mds = {name: (REPO / f"reports/privacy_{name}.md").read_text() for name in PRIVACY}
+    provenance = sorted({"; ".join(line.removeprefix("- ") for line in md.splitlines()
+                                   if line.startswith(("- Model:", "- Config:"))) for md in mds.values()})
+    ent, ent_paper = _row(t["entropy"], "Block 0 q_proj"), _row(t["entropy"], "Paper")
+    sim, sim_paper = _row(t["similarity"], "16 client masks"), _row(t["similarity"], "Paper")
+    sens, natural = _row(t["sensitivity"], "Mean over neighbours"), _row(t["sensitivity"], "Natural variation")
+    mia = _row(t["membership"], "LiRA, no defence")
+    # the 'signal strength' ratio is stated in the membership table's header, not a cell
+    ratio, ratio_paper = re.search(r"ratio ([\d.]+) \(paper: ([^)]*)\)", mds["membership"]).groups()
+    ceiling = re.search(r"could show is ([\d.]+) \(LR = 1\)", mds["membership"]).group(1)
+    tpr = mia["TPR @ 0.01 FPR [95 % CI]"]
+    tpr = f"{tpr.removesuffix(' †')} at FPR 0 (1 % not resolvable)" if tpr.endswith("†") else f"{tpr} at 1 % FPR"
+    inv, inv_paper = _row(t["inversion"], "SmolLM2"), _row(t["inversion"], "Paper")
+    no_noise = _row(t["defence"], "∞")
+    rr = [r for r in t["defence"] if r["ε per bit"][:1].isdigit()]
+    rr_auc = [(re.search(r"ε = ([\d.]+) per bit", r["Attack"]).group(1), r["AUC [95 % CI]"].split()[0])
+              for r in t["membership"] if "randomized response" in r["Attack"]]
+    rows = [
+        ("privacy_entropy", "bits per entry: a client's mask vs the fp16 weights; how much of a mask varies across clients",
+         f"{ent_paper['Mask bits/entry']} vs {ent_paper['fp16 bits/entry']} bits",
+         f"{ent['Mask bits/entry']} vs {ent['fp16 bits/entry']} bits (block-0 `q_proj`); "
+         f"{_row(t['entropy'], 'Whole model (')['Across clients bits/entry']} bits/entry vary across clients"),
+        ("privacy_similarity", "Hamming distance between every pair of client masks (disjoint data)",
+         f"{sim_paper['Mean Hamming']} ({sim_paper['Identical bits (mean)']} identical)",
+         f"{sim['Mean Hamming']} ± {sim['Std']} over {sim['Pairs']} pairs"),
+        ("privacy_sensitivity", "masks of data sets differing in one sample",
+         _row(t["sensitivity"], "Paper")["Hamming (all layers)"],
+         f"{sens['Hamming (all layers)']} ({sens['Changed bits']} bits) vs natural variation "
+         f"{natural['Hamming (all layers)']}; no DP ε follows (the header says why)"),
+        ("privacy_membership", "LiRA with shadow masks: AUC, TPR at 1 % FPR, empirical ε lower bound",
+         f"signal ratio {ratio_paper}: \"attacks would fail\"",
+         f"signal ratio {ratio}, yet AUC {mia['AUC [95 % CI]']}, TPR {tpr}, "
+         f"ε ≥ {mia['ε lower bound, LR = 1 threshold'].split()[0]} (the most these counts can show: {ceiling})"),
+        ("privacy_inversion", "the server reconstructs the text from the block-0 `q_proj` mask",
+         f"{inv_paper['Bag-of-tokens recovery']} of tokens",
+         f"{inv['Bag-of-tokens recovery']} of a {inv['T tokens']}-token text's bag of tokens "
+         f"(unigram guess: {inv['Unigram guess (bag)']}; exact positions {inv['Exact-position recovery']})"),
+        ("privacy_defence", "randomized response on mask bits (ε per bit), FedPrLLM top-k on noisy votes: "
+         "perplexity and attack AUC", "–",
+         f"WikiText-2 ppl {no_noise['WikiText-2 ppl']} without noise; "
+         + "; ".join(f"ε = {r['ε per bit']}: ppl {r['WikiText-2 ppl']}, AUC {r['MIA AUC']}" for r in rr)
+         + "; attack AUC by ε: " + ", ".join(f"{eps}: {auc}" for eps, auc in rr_auc)),
+    ]
+    out = ["From `reports/privacy_<analysis>.csv`: " + " / ".join(provenance) + ".", "",
+           "| table | what | paper (LLaMA-7B) | measured here |", "|---|---|---|---|"]
+    out += [f"| `{name}` | {what} | {paper} | {here} |" for name, what, paper, here in rows]
+    return "\n".join(out)
+
+
 def _load(path: Path):
     if path.suffix == ".json":
         return json.loads(path.read_text())
     return list(csv.reader(path.open()))
 
 
-SOURCES: dict[str, tuple[Path, Callable]] = {
+SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "precision": (REPO / "benchmarks/results/precision.json", precision),
     "scale": (REPO / "benchmarks/results/scale.json", scale),
     "client-mask": (REPO / "benchmarks/results/client_mask.json", client_mask),
@@ -149,7 +213,16 @@ SOURCES: dict[str, tuple[Path, Callable]] = {
         ("table12-run", "reports/table12_run.csv"),
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
     )},
+    "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
 }
+
+
+def _paths(source: Path | tuple[Path, ...]) -> tuple[Path, ...]:
+    return source if isinstance(source, tuple) else (source,)
+
+
+def _names(source: Path | tuple[Path, ...]) -> str:
+    return ", ".join(str(p.relative_to(REPO)) for p in _paths(source))
 
 
 def blocks(text: str) -> dict[str, str]:
@@ -162,9 +235,9 @@ def render_all(text: str, names=None) -> tuple[str, list[str]]:
     done = []
     for name in blocks(text):
         source, render = SOURCES[name]
-        if (names and name not in names) or not source.is_file():
+        if (names and name not in names) or not all(p.is_file() for p in _paths(source)):
             continue
-        body = render(_load(source)) + "\n"
+        body = render(*map(_load, _paths(source))) + "\n"
         text = re.sub(rf"(<!-- figures:{name} -->\n).*?(<!-- /figures:{name} -->)",
                       lambda m: m.group(1) + body + m.group(2), text, flags=re.S)
         done.append(name)
@@ -187,7 +260,7 @@ def main() -> int:
     if args.check:
         stale = [n for n in done if blocks(new)[n] != blocks(text)[n]]
         for name in stale:
-            print(f"{readme}: block {name} differs from {SOURCES[name][0].relative_to(REPO)} "
+            print(f"{readme}: block {name} differs from {_names(SOURCES[name][0])} "
                   f"(run python tools/readme_figures.py)", file=sys.stderr)
         return 1 if stale else 0
     readme.write_text(new)
