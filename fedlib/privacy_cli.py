@@ -1,7 +1,7 @@
-"""``fedlib privacy <analysis>``: the privacy audit's command line (argument parsing only).
+"""``fedlib privacy <analysis>``: the privacy audit's command line (arguments and handlers).
 
-Kept apart from :mod:`fedlib.privacy.audit` so that building the ``fedlib`` parser does not
-import torch; the analyses themselves live there (see its docstring).
+Building the ``fedlib`` parser must not import torch: the handlers import their stage
+(:mod:`fedlib.privacy.stages`) and torch only when they run.
 
     fedlib privacy entropy      --model M --out X.json CLIENT_MASKS...
     fedlib privacy similarity   --model M --out X.json [--seeds 1 2 ...] CLIENT_MASKS...
@@ -10,12 +10,17 @@ import torch; the analyses themselves live there (see its docstring).
     fedlib privacy inversion    --model M --texts T16.safetensors ... --out X.json
     fedlib privacy rr-aggregate --model M --epsilon E --group layer --out G.mask.safetensors --record X.json MASKS...
     fedlib privacy report       --spec JSON
+
+The verbs that compute masks (similarity, sensitivity, membership) take the clients' pruning
+options, ``--method-options`` included (JSON, as ``fedlib client-mask --method-options``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from pathlib import Path
 
 HELP = "privacy audit of shared masks: entropy, similarity, sensitivity, membership, inversion, defence"
 
@@ -41,8 +46,20 @@ def _blocks(value: str) -> int | None:
     return blocks
 
 
+def _method_options(value: str) -> dict:
+    try:
+        options = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"--method-options must be a JSON object, got {value!r}: {err}") from None
+    if not isinstance(options, dict):
+        raise argparse.ArgumentTypeError(f"--method-options must be a JSON object, got {value!r}")
+    return options
+
+
 def _pruning_args(p, blocks: bool = False) -> None:
     p.add_argument("--method", default="wanda")
+    p.add_argument("--method-options", type=_method_options, default=None,
+                   help="JSON of the local method's options, as fedlib client-mask --method-options")
     p.add_argument("--sparsity", type=float, default=0.5)
     p.add_argument("--group", default="row", help="the clients' comparison group")
     p.add_argument("--seed", type=int, default=0)
@@ -135,7 +152,165 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", required=True, help="JSON: context, output names and result files per analysis")
 
 
-def run(args) -> None:
-    from fedlib.privacy.audit import COMMANDS
+# --------------------------------------------------------------------------- handlers
 
+
+def _write_json(path: Path, payload: dict) -> None:
+    from fedlib.io import write_text_atomic
+
+    write_text_atomic(Path(path), json.dumps(payload, indent=1, sort_keys=True, default=_json_default) + "\n")
+
+
+def _json_default(x):
+    import numpy as np
+
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    raise TypeError(f"not JSON serializable: {type(x)}")
+
+
+def _open(args, placed: bool = True):
+    """(model handle, placement) of an analysis: the placement from ``--device`` / ``--dtype``
+    for analyses that compute masks, the CPU otherwise."""
+    import torch
+
+    from fedlib.models import open_model
+    from fedlib.runner import CPU, Placement
+
+    if getattr(args, "threads", 0):
+        torch.set_num_threads(args.threads)
+    placement = Placement.resolve(args.device, args.dtype) if placed else CPU
+    return open_model(args.model, placement.dtype), placement
+
+
+def _cmd_entropy(args) -> None:
+    from fedlib.privacy.stages.entropy import entropy_audit
+
+    handle, _ = _open(args, placed=False)
+    _write_json(args.out, entropy_audit(handle, [Path(p) for p in args.masks]))
+
+
+def _cmd_similarity(args) -> None:
+    from fedlib.privacy.stages.similarity import similarity_audit
+
+    model, placement = _open(args)
+    windows = []
+    if args.seeds:
+        from fedlib.data import calibration_windows
+        from fedlib.models import load_tokenizer
+
+        tokenizer = load_tokenizer(args.model)
+        data_dir = None if args.data_dir in (None, "", "hub") else Path(args.data_dir)
+        docs = tuple(args.docs) if args.docs else None
+        windows = [calibration_windows(tokenizer, args.dataset, data_dir, args.seed_samples, args.seqlen, s, docs)
+                   for s in args.seeds]
+    result = similarity_audit(model, [Path(p) for p in args.masks], windows, args.seeds or [], args.method,
+                              args.sparsity, args.group, args.seed, args.batch_size,
+                              method_options=args.method_options, placement=placement)
+    _write_json(args.out, result)
+
+
+def _cmd_sensitivity(args) -> None:
+    import torch
+
+    from fedlib.data import load_tokens
+    from fedlib.privacy.stages.sensitivity import sensitivity_audit
+
+    model, placement = _open(args)
+    ids, _ = load_tokens(Path(args.calib))
+    reps = torch.cat([load_tokens(Path(p))[0] for p in args.replacements])
+    base = _base_masks(model, args, ids) if args.base_mask else None
+    result = sensitivity_audit(model, ids, reps, args.neighbours, args.method, args.sparsity, args.group,
+                               args.seed, args.blocks, args.batch_size, base, method_options=args.method_options,
+                               placement=placement)
+    result["calib"] = str(args.calib)
+    result["base_mask"] = args.base_mask
+    _write_json(args.out, result)
+
+
+def _base_masks(model, args, ids) -> dict:
+    """D's masks from the client's shared mask file, after checking it was computed the
+    way this analysis computes masks (else the comparison would mix two computations)."""
+    from fedlib.maskfile import MaskFile
+    from fedlib.models import fingerprint, prunable_layers
+    from fedlib.privacy.bits import block_of
+
+    mf = MaskFile(Path(args.base_mask), fingerprint(model), prunable_layers(model))
+    h = mf.header
+    wanted = {"method": args.method, "group": args.group, "sparsity": args.sparsity, "seed": args.seed,
+              "n_samples": int(ids.shape[0]), "method_options": args.method_options or {}}
+    # fedlib client-mask records the method options as JSON; a file without the field used none
+    found = {"method": h.method, "group": h.group, "sparsity": h.sparsity, "seed": h.seed, "n_samples": h.n_samples,
+             "method_options": json.loads(h.extra.get("method_options", "{}"))}
+    if found != wanted:
+        raise ValueError(f"{args.base_mask}: computed with {found}, not {wanted}; omit --base-mask to recompute")
+    masks = mf.masks()
+    if args.blocks is not None:
+        masks = {n: m for n, m in masks.items() if block_of(n) < args.blocks}
+    return masks
+
+
+def _cmd_membership(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.privacy.stages.membership import membership_audit
+
+    model, placement = _open(args)
+    pop, _ = load_tokens(Path(args.population))
+    result = membership_audit(model, pop, args.targets, args.samples, args.pairs, args.blocks, args.method,
+                              args.sparsity, args.group, args.seed, args.epsilons, args.fprs,
+                              args.confidence, batch_size=args.batch_size, method_options=args.method_options,
+                              placement=placement)
+    result["population_file"] = str(args.population)
+    _write_json(args.out, result)
+
+
+def _cmd_inversion(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.models import load_tokenizer
+    from fedlib.privacy.stages.inversion import inversion_audit, unigram_distribution
+
+    model, _ = _open(args, placed=False)
+    tokenizer = load_tokenizer(args.model)
+    texts = {}
+    for path in args.texts:
+        ids, _ = load_tokens(Path(path))
+        texts[int(ids.shape[1])] = ids[: args.per_length]
+    vocab = model.model.get_input_embeddings().weight.shape[0]
+    prior = unigram_distribution(args.prior_tokens, vocab) if args.prior_tokens else None
+    result = inversion_audit(model, tokenizer, texts, args.sparsity, args.group, args.seed, args.steps,
+                             args.restarts, prior, args.use_prior, args.tiny_lengths, args.tiny_steps,
+                             args.time_limit)
+    result["prior_tokens"] = [str(p) for p in args.prior_tokens or []]
+    _write_json(args.out, result)
+
+
+def _cmd_rr_aggregate(args) -> None:
+    from fedlib.privacy.stages.defence import rr_aggregate
+
+    model, _ = _open(args, placed=False)
+    record = rr_aggregate(model, [Path(p) for p in args.masks], args.epsilon, args.group.replace("of", ":"),
+                          args.sparsity, args.seed, Path(args.out), args.per_client,
+                          Path(args.clean_global) if args.clean_global else None)
+    _write_json(args.record, record)
+    print(f"wrote {args.out}: ε={args.epsilon}, global mask differs from the noise-free one in "
+         f"{record['global_hamming_vs_clean']:.4%} of the weights")
+
+
+def _cmd_report(args) -> None:
+    from fedlib.privacy.audit_report import write_reports
+
+    for path in write_reports(json.loads(args.spec)):
+        print(f"wrote {path}")
+
+
+COMMANDS = {
+    "entropy": _cmd_entropy, "similarity": _cmd_similarity, "sensitivity": _cmd_sensitivity,
+    "membership": _cmd_membership, "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
+    "report": _cmd_report,
+}
+
+
+def run(args) -> None:
     COMMANDS[args.analysis](args)

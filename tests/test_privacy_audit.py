@@ -1,4 +1,4 @@
-"""The privacy audit stages (fedlib.privacy.audit, `fedlib privacy ...`) on tiny models:
+"""The privacy audit stages (fedlib.privacy.stages, `fedlib privacy ...`) on tiny models:
 the wiring of the library into masks, files, attacks, the defence and the report tables."""
 
 from __future__ import annotations
@@ -16,16 +16,13 @@ from fedlib.maskfile import MaskFile, write_mask_file
 from fedlib.models import fingerprint, load_model, prunable_layers
 from fedlib.privacy import randomized_response, rr_flip_probability
 from fedlib.provenance import written_by
-from fedlib.privacy.audit import (
-    client_masks,
-    membership_audit,
-    rr_count_cdf,
-    sample_rr_counts,
-    sensitivity_audit,
-    similarity_audit,
-    tiny_inversion_cases,
-)
 from fedlib.client import prune_locally
+from fedlib.privacy.stages.defence import rr_count_cdf, sample_rr_counts
+from fedlib.privacy.stages.inversion import tiny_inversion_cases
+from fedlib.privacy.stages.membership import membership_audit
+from fedlib.privacy.stages.recompute import client_masks
+from fedlib.privacy.stages.sensitivity import sensitivity_audit
+from fedlib.privacy.stages.similarity import similarity_audit
 from fedlib.server.fedprllm import FedPrLLM
 
 torch.set_num_threads(1)
@@ -128,12 +125,12 @@ def tiny_loaded(tiny_model_dir):
 def cli_model(monkeypatch, tiny_loaded):
     """`fedlib privacy ...` verbs get the already loaded tiny model (the CLI wiring is
     unchanged; only the ~1 s model load per call is saved)."""
-    import fedlib.privacy.audit as audit
+    from fedlib import privacy_cli
     from fedlib.models import ModelHandle
     from fedlib.runner import CPU
 
     handle = ModelHandle.of(tiny_loaded[0])
-    monkeypatch.setattr(audit, "_open", lambda args, placed=True: (handle, CPU))
+    monkeypatch.setattr(privacy_cli, "_open", lambda args, placed=True: (handle, CPU))
     return tiny_loaded[0]
 
 
@@ -249,3 +246,28 @@ def test_tiny_inversion_is_exact():
     assert math.isclose(rows[0]["true_tokens_agreement"], 1.0)
     assert sorted(rows[0]["decoded_tokens"]) == sorted(rows[0]["target_tokens"])
     assert np.isfinite(rows[0]["seconds"])
+
+
+def test_method_options_reach_the_recomputed_masks(tmp_path, tiny_model_dir, cli_model, capsys):
+    from fedlib.data import save_tokens
+
+    model = str(tiny_model_dir)
+    options = json.dumps({"lam": 0.2})
+    calib, base = tmp_path / "d.safetensors", tmp_path / "d.mask.safetensors"
+    save_tokens(calib, _ids(2, 16, 1000, seed=20))
+    _run("client-mask", "--model", model, "--calib", calib, "--method", "owl", "--method-options", options,
+         "--out", base)
+    shared = MaskFile(base, fingerprint(cli_model)).masks()
+    default = client_masks(cli_model, _ids(2, 16, 1000, seed=20), "owl")
+    assert any(not torch.equal(shared[n], default[n]) for n in shared)  # the options change this mask
+    # the one neighbour replaces row 0 by itself, so it is D: no bit differs iff the options were used
+    argv = ["privacy", "sensitivity", "--model", model, "--method", "owl", "--calib", calib, "--replacements",
+            calib, "--neighbours", 1, "--base-mask", base, "--out", tmp_path / "s.json"]
+    _run(*argv[:4], "--method-options", options, *argv[4:])
+    result = json.loads((tmp_path / "s.json").read_text())
+    assert result["neighbours"][0]["changed_bits"] == 0 and result["method_options"] == {"lam": 0.2}
+    assert main([str(a) for a in argv]) != 0  # refused: the shared file was computed with options
+    assert "'method_options': {'lam': 0.2}}, not" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["privacy", "membership", "--method-options", "[1]", "--model", model, "--population", str(calib),
+              "--out", str(tmp_path / "m.json")])

@@ -8,6 +8,9 @@
   and the server's debiased vote counts.
 * :mod:`~fedlib.privacy.inversion` — reconstructing calibration tokens from block-0 masks.
 
+The audit's workflow stages built on these are :mod:`fedlib.privacy.stages`; mask-file bits
+are read with :mod:`fedlib.privacy.bits`.
+
 Mask convention everywhere: bool tensors, True = pruned.
 """
 
@@ -21,6 +24,7 @@ from fedlib.privacy.defence import (
     rr_keep_probability,
 )
 from fedlib.privacy.entropy import (
+    bernoulli_entropy_bits,
     binary_entropy_bits,
     entropy_comparison,
     fp16_entropy_bits,

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 
-def _h2(p: float) -> float:
+def bernoulli_entropy_bits(p: float) -> float:
     """Binary entropy in bits of a Bernoulli(p)."""
     if p <= 0.0 or p >= 1.0:
         return 0.0
@@ -48,7 +48,7 @@ def binary_entropy_bits(mask: torch.Tensor) -> float:
     if mask.numel() == 0:
         raise ValueError("empty mask")
     p = float(mask.to(torch.bool).sum()) / mask.numel()
-    return _h2(p)
+    return bernoulli_entropy_bits(p)
 
 
 def fp16_entropy_bits(weight: torch.Tensor) -> float:
