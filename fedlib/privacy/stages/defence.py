@@ -1,6 +1,7 @@
 """Stage ``rr-aggregate``, the defence run: randomized response on every mask bit (client side,
-ε per bit, :mod:`fedlib.privacy.defence`), the FedPrLLM server's top-k on the noisy vote counts;
-writes the global mask file whose perplexity the workflow measures with ``fedlib evaluate``."""
+ε per bit, :mod:`fedlib.privacy.defence`) as a hook on the FedPrLLM server's votes, which then
+takes its top-k of the noisy counts; writes the global mask file whose perplexity the workflow
+measures with ``fedlib evaluate``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedlib.privacy.bits import open_mask_files
+from fedlib.groups import seeded_generator
+from fedlib.maskfile import MaskFile
+from fedlib.models import LayerInfo
+from fedlib.privacy.defence import debias_counts, randomized_response, rr_flip_probability
+from fedlib.server.fedprllm import FedPrLLM, VoteHook, global_mask_from_votes
 
 
 def rr_count_cdf(n_clients: int, epsilon: float) -> torch.Tensor:
@@ -58,6 +63,91 @@ def sample_rr_counts(true_counts: torch.Tensor, n_clients: int, epsilon: float,
     return torch.from_numpy(observed).reshape(true_counts.shape)
 
 
+class RandomizedResponseVotes(VoteHook):
+    """Randomized response with per-bit ε as a hook on FedPrLLM's votes. ``per_client``: every
+    client flips its bits literally (:func:`randomized_response`, seeded by client and layer);
+    otherwise the server's noisy counts are sampled from their exact law
+    (:func:`sample_rr_counts`, one uniform per weight: much faster, same distribution). The
+    global file records the debiased counts, rounded and clipped to 0..m. It also measures what
+    the defence did (:meth:`summary`), against the noise-free global mask of the same clients
+    (``clean``: read from that file, else recomputed from the true counts)."""
+
+    label = "+rr"
+
+    def __init__(self, epsilon: float, n_clients: int, server: FedPrLLM, per_client: bool = False,
+                 clean: MaskFile | None = None):
+        self.epsilon, self.m, self.server, self.per_client, self.clean = epsilon, n_clients, server, per_client, clean
+        self.exact = math.isinf(epsilon)
+        self.randomizes_clients = per_client and not self.exact
+        self.cdf = None if per_client or self.exact else rr_count_cdf(n_clients, epsilon)
+        self.stats = {"bits": 0, "global_diff": 0, "abs_err": 0.0, "flips": 0, "client_bits": 0,
+                      "zero_entries": 0, "zero_reports": 0, "full_entries": 0, "full_reports": 0,
+                      "topk_debiased_equal": True}
+
+    def client_mask(self, client_id: str, name: str, mask: torch.Tensor) -> torch.Tensor:
+        gen = seeded_generator(self.server.seed, "rr", client_id, self.epsilon, name)
+        noisy = randomized_response(mask, self.epsilon, generator=gen)
+        self.stats["flips"] += int((noisy ^ mask).sum())
+        self.stats["client_bits"] += mask.numel()
+        return noisy
+
+    def counts(self, info: LayerInfo, counts: torch.Tensor, n_clients: int) -> torch.Tensor:
+        if self.exact:
+            return counts.clone()
+        if self.per_client:
+            return counts  # already the sum of the noisy reports
+        gen = seeded_generator(self.server.seed, "rr-counts", self.epsilon, info.name)
+        return sample_rr_counts(counts, n_clients, self.epsilon, gen, self.cdf)
+
+    def _debiased(self, observed: torch.Tensor) -> torch.Tensor:
+        return observed.double() if self.exact else debias_counts(observed, self.m, self.epsilon)
+
+    def recorded_votes(self, info: LayerInfo, observed: torch.Tensor, n_clients: int) -> torch.Tensor:
+        return self._debiased(observed).round().clamp(0, n_clients).to(torch.int16)
+
+    def finished(self, info: LayerInfo, true_counts: torch.Tensor, observed: torch.Tensor,
+                 mask: torch.Tensor) -> None:
+        s, m, server = self.stats, self.m, self.server
+        if self.clean is not None:
+            clean = self.clean.layer_mask(info.name)
+        else:
+            clean = global_mask_from_votes(true_counts, server.sparsity, server.group, server.seed, info.name)
+        debiased = self._debiased(observed)
+        if not self.exact and info.block == 0:
+            # top-k on debiased counts equals top-k on the raw ones (an increasing affine map): checked on block 0
+            again = global_mask_from_votes(debiased.float(), server.sparsity, server.group, server.seed, info.name)
+            s["topk_debiased_equal"] &= bool(torch.equal(again, mask))
+        zero, full = true_counts == 0, true_counts == m
+        s["zero_entries"] += int(zero.sum())
+        s["zero_reports"] += int(observed[zero].sum())
+        s["full_entries"] += int(full.sum())
+        s["full_reports"] += int((m - observed[full]).sum())
+        s["bits"] += true_counts.numel()
+        s["global_diff"] += int((mask ^ clean).sum())
+        s["abs_err"] += float((debiased - true_counts.double()).abs().sum())
+
+    def header_extra(self) -> dict[str, str]:
+        return {"rr_epsilon_per_bit": repr(self.epsilon), "votes": "debiased counts, rounded and clipped"}
+
+    def summary(self) -> dict:
+        s = self.stats
+        # measured flip rate: entries no client pruned report "pruned" only by a flip, and
+        # entries every client pruned report "kept" only by a flip
+        flip_rate_measured = (s["zero_reports"] + s["full_reports"]) / max(
+            self.m * (s["zero_entries"] + s["full_entries"]), 1)
+        return {
+            "epsilon": self.epsilon, "flip_probability": rr_flip_probability(self.epsilon), "n_clients": self.m,
+            "sampling": "per-client" if self.per_client else "exact count distribution",
+            "bits_per_client": s["bits"],
+            "flip_rate_measured": flip_rate_measured,
+            "flip_rate_per_client": s["flips"] / s["client_bits"] if s["client_bits"] else None,
+            "global_hamming_vs_clean": s["global_diff"] / s["bits"],
+            "debiased_count_mae": s["abs_err"] / s["bits"],
+            "topk_debiased_equal": s["topk_debiased_equal"],
+            "unanimous_fraction": (s["zero_entries"] + s["full_entries"]) / s["bits"],
+        }
+
+
 def rr_aggregate(
     model,
     mask_paths: Sequence[Path],
@@ -69,108 +159,24 @@ def rr_aggregate(
     per_client: bool = False,
     clean_global: Path | None = None,
 ) -> dict:
-    """The defence end to end: every client applies randomized response with per-bit ε to
-    its mask (``per_client``: literally, with :func:`randomized_response`; default: the
-    server's noisy counts sampled exactly, :func:`sample_rr_counts`), the FedPrLLM server
-    takes the top-k of the noisy counts per comparison group and writes the global mask
-    file. Its ``votes:`` tensors hold the debiased counts (rounded, clipped to 0..m), so
-    weight scaling (``--scale``) would use debiased counts; top-k on debiased counts equals
-    top-k on raw counts (an increasing affine map), which is checked here on block 0.
+    """The defence end to end: the FedPrLLM server with :class:`RandomizedResponseVotes` on its
+    votes aggregates the client mask files into the global mask file ``out``.
     ``clean_global``: the noise-free FedPrLLM global mask file of the same clients (from
     ``fedlib aggregate``), read instead of recomputed for the distance to the noisy one."""
-    from fedlib.groups import seeded_generator
-    from fedlib.maskfile import write_mask_file
     from fedlib.models import fingerprint, prunable_layers
-    from fedlib.privacy.defence import debias_counts, randomized_response, rr_flip_probability
-    from fedlib.server.fedprllm import global_mask_from_votes
 
     layers = prunable_layers(model)
     fp = fingerprint(model)
-    q = rr_flip_probability(epsilon)
     t0 = time.perf_counter()
-    global_masks, votes = {}, {}
-    stats = {"bits": 0, "global_diff": 0, "abs_err": 0.0, "flips": 0, "client_bits": 0,
-             "zero_entries": 0, "zero_reports": 0, "full_entries": 0, "full_reports": 0,
-             "topk_debiased_equal": True}
     clean_file = None
     if clean_global is not None:
-        from fedlib.maskfile import MaskFile
-
         clean_file = MaskFile(Path(clean_global), fp, layers)
         h = clean_file.header
         if (h.role, h.group, h.sparsity, h.seed, h.n_clients) != ("global", group, sparsity, seed, len(mask_paths)):
             raise ValueError(f"{clean_global}: a {h.role} mask ({h.group}, {h.sparsity}, seed {h.seed}, "
                              f"{h.n_clients} clients) is not the noise-free global mask of this aggregation")
-    with open_mask_files(mask_paths, fp, layers) as (files, packed):
-        m = len(files)
-        cdf = None if per_client or math.isinf(epsilon) else rr_count_cdf(m, epsilon)
-        for info in layers:
-            numel = math.prod(info.shape)
-            # one client's bits at a time: memory does not grow with the number of clients
-            total = np.zeros(numel, dtype=np.int16)
-            noisy_total = torch.zeros(info.shape, dtype=torch.int16) if per_client else None
-            for i in range(m):
-                b = np.unpackbits(packed(i, info.name), count=numel, bitorder="little")
-                total += b
-                if per_client and not math.isinf(epsilon):
-                    clean = torch.from_numpy(b.astype(bool)).reshape(info.shape)
-                    gen = seeded_generator(seed, "rr", files[i].header.client_id, epsilon, info.name)
-                    noisy = randomized_response(clean, epsilon, generator=gen)
-                    stats["flips"] += int((noisy ^ clean).sum())
-                    stats["client_bits"] += numel
-                    noisy_total += noisy.to(torch.int16)
-            true = torch.from_numpy(total).reshape(info.shape)
-            if math.isinf(epsilon):
-                observed = true.clone()
-            elif per_client:
-                observed = noisy_total
-            else:
-                gen = seeded_generator(seed, "rr-counts", epsilon, info.name)
-                observed = sample_rr_counts(true, m, epsilon, gen, cdf)
-            glob = global_mask_from_votes(observed, sparsity, group, seed, info.name)
-            if clean_file is not None:
-                clean_glob = clean_file.layer_mask(info.name)
-            else:
-                clean_glob = global_mask_from_votes(true, sparsity, group, seed, info.name)
-            if math.isinf(epsilon):
-                debiased = true.double()
-            else:
-                debiased = debias_counts(observed, m, epsilon)
-                if info.block == 0:  # the invariance, checked exactly on block 0
-                    again = global_mask_from_votes(debiased.float(), sparsity, group, seed, info.name)
-                    stats["topk_debiased_equal"] &= bool(torch.equal(again, glob))
-            zero, full = true == 0, true == m
-            stats["zero_entries"] += int(zero.sum())
-            stats["zero_reports"] += int(observed[zero].sum())
-            stats["full_entries"] += int(full.sum())
-            stats["full_reports"] += int((m - observed[full]).sum())
-            stats["bits"] += numel
-            stats["global_diff"] += int((glob ^ clean_glob).sum())
-            stats["abs_err"] += float((debiased - true.double()).abs().sum())
-            global_masks[info.name] = glob
-            votes[info.name] = debiased.round().clamp(0, m).to(torch.int16)
-        header = files[0].header
-        n_samples = sum(f.header.n_samples for f in files)
-    write_mask_file(
-        Path(out), global_masks, layers, fingerprint=fp, role="global", client_id="server",
-        method=f"fedprllm[{header.method}]+rr", group=group, sparsity=sparsity, n_samples=n_samples,
-        seed=seed, n_clients=m, votes=votes,
-        extra={"rr_epsilon_per_bit": repr(epsilon), "votes": "debiased counts, rounded and clipped"},
-    )
-    # measured flip rate: entries no client pruned report "pruned" only by a flip, and
-    # entries every client pruned report "kept" only by a flip
-    flip_rate_measured = (stats["zero_reports"] + stats["full_reports"]) / max(
-        m * (stats["zero_entries"] + stats["full_entries"]), 1)
-    return {
-        "analysis": "defence", "model_fingerprint": fp, "epsilon": epsilon, "flip_probability": q,
-        "n_clients": m, "group": group, "sparsity": sparsity, "seed": seed,
-        "sampling": "per-client" if per_client else "exact count distribution",
-        "bits_per_client": stats["bits"],
-        "flip_rate_measured": flip_rate_measured,
-        "flip_rate_per_client": stats["flips"] / stats["client_bits"] if stats["client_bits"] else None,
-        "global_hamming_vs_clean": stats["global_diff"] / stats["bits"],
-        "debiased_count_mae": stats["abs_err"] / stats["bits"],
-        "topk_debiased_equal": stats["topk_debiased_equal"],
-        "unanimous_fraction": (stats["zero_entries"] + stats["full_entries"]) / stats["bits"],
-        "mask": str(out), "seconds": time.perf_counter() - t0,
-    }
+    server = FedPrLLM(group=group, sparsity=sparsity, seed=seed)
+    server.hook = hook = RandomizedResponseVotes(epsilon, len(mask_paths), server, per_client, clean_file)
+    server.aggregate(mask_paths, fp, layers, Path(out))
+    return {"analysis": "defence", "model_fingerprint": fp, "group": group, "sparsity": sparsity, "seed": seed,
+            **hook.summary(), "mask": str(out), "seconds": time.perf_counter() - t0}
