@@ -212,3 +212,40 @@ def test_fedspallm_samples_per_client_sets_the_pool(tmp_path, tiny_model_dir, da
     seqlen = config["calibration"]["seqlen"]
     assert f"results/pools/c4-10x{seqlen}.safetensors" in out
     assert "--nsamples 10 " in out and "/iid-2/sparsegpt_update-0.5-layer/fedspallm.json" in out
+
+
+def test_method_options_and_fedspallm_layer_sampling_reach_the_commands(tmp_path, tiny_model_dir, data_dir):
+    """pruning.method_options goes to every job pruning with the method it names (nothing else
+    changes); studies.fedspallm.resources turns on layer sampling, without Standalone models."""
+    config = tiny_config(tiny_model_dir, data_dir)
+    config["pruning"]["method_options"] = {"wanda": {"note": "it's"}, "sparsegpt_update": {"blocksize": 16}}
+    config["studies"] = {"fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 2,
+                                       "resources": [0.5, 1]}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    out = snakemake(tmp_path, "fedspallm2", "table1", "privacy", "--configfile", str(tmp_path / "config.yaml"), "-n", "-p")
+    commands = [line for line in out.splitlines() if "python -m fedlib " in line]
+    wanda = "--method-options '{\"note\": \"it'\\''s\"}'"
+    for verb in ("client-mask", "privacy similarity", "privacy sensitivity", "privacy membership"):
+        assert all(wanda in c for c in commands if f"fedlib {verb} " in c), verb
+    fedspallm = [c for c in commands if "fedlib fedspallm " in c]
+    assert len(fedspallm) == 1
+    assert "--rounds 2 --resources 0.5 1 --method-options '{\"blocksize\": 16}'" in fedspallm[0]
+    assert "--standalone-out" not in fedspallm[0] and "standalone_" not in out
+    assert not any("--method-options" in c for c in commands if "fedlib aggregate " in c or "fedlib evaluate " in c)
+
+
+@pytest.mark.parametrize("where, value, message", [
+    (("studies", "fedspallm", "resources"), 1.5, "resources"),
+    (("studies", "fedspallm", "resources"), [0.5, 0.5, 0.5], "3 per-client fractions"),
+    (("pruning", "method_options"), {"owl": 0.08}, "method_options"),
+])
+def test_invalid_options_are_rejected(tmp_path, tiny_model_dir, data_dir, where, value, message):
+    config = tiny_config(tiny_model_dir, data_dir)
+    config.setdefault("studies", {"fedspallm": {"clients": [2]}})
+    section = config
+    for key in where[:-1]:
+        section = section[key]
+    section[where[-1]] = value
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(AssertionError, match=message):
+        snakemake(tmp_path, "--configfile", "config.yaml", "-n")

@@ -8,9 +8,9 @@ rule calibration_pool:
     params:
         model=model_folder,
         data_dir=data_dir_arg(),
-        dataset=lambda wc: parse_calib(wc.calib)[0],
-        nsamples=lambda wc: parse_calib(wc.calib)[1],
-        seqlen=lambda wc: parse_calib(wc.calib)[2],
+        dataset=lambda wc: Calib.parse(wc.calib).dataset,
+        nsamples=lambda wc: Calib.parse(wc.calib).nsamples,
+        seqlen=lambda wc: Calib.parse(wc.calib).seqlen,
         seed=config["seed"],
         docs=span_arg("--docs", config["calibration"].get("c4_docs")),
     conda:
@@ -33,8 +33,8 @@ rule client_data:
     output:
         f"{RESULTS}/shards/{{calib}}/{{split}}/client_{{client}}.safetensors",
     params:
-        n=lambda wc: parse_split(wc.split)[1],
-        partition=lambda wc: parse_split(wc.split)[0],
+        n=lambda wc: Split.parse(wc.split).clients,
+        partition=lambda wc: Split.parse(wc.split).partition,
         seed=config["seed"],
     conda:
         "../../envs/fedlib.yaml"

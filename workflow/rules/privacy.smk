@@ -1,10 +1,10 @@
-# Privacy audit rules; sizes, paths and table specs: privacy_common.smk.
+# Privacy audit rules; sizes, paths and the report spec: PRIVACY (privacy_common.smk, fedlib.catalog.privacy).
 
 rule privacy_entropy:
     """Bits per entry of client 0's mask vs the fp16 weights; entropy across all clients' masks."""
     input:
         model=MODEL_READY,
-        masks=priv_client_masks(),
+        masks=PRIVACY.client_masks(),
     output:
         f"{PRIV_BASE}/entropy.json",
     params:
@@ -26,27 +26,22 @@ rule privacy_similarity:
     """Hamming distances between every pair of client masks (+ seeded whole-model draws)."""
     input:
         model=MODEL_READY,
-        masks=priv_client_masks(),
+        masks=PRIVACY.client_masks(),
     output:
         f"{PRIV_BASE}/{{size}}/similarity.json",
     wildcard_constraints:
         size="run|full",
     params:
         model=model_folder,
-        pruning=priv_pruning_args(),
-        seeds=lambda wc: (
-            "--seeds {} --seed-samples {} --seqlen {} --dataset {} --data-dir {} {}".format(
-                " ".join(str(s) for s in priv(wc.size, "similarity")["seeds"]),
-                priv(wc.size, "similarity")["seed_samples"], parse_calib(PRIV_CALIB)[2], parse_calib(PRIV_CALIB)[0],
-                data_dir_arg(), span_arg("--docs", config["calibration"].get("c4_docs")))
-            if priv(wc.size, "similarity")["seeds"] else ""
-        ),
+        pruning=PRIVACY.pruning_args(),
+        seeds=lambda wc: PRIVACY.similarity_seeds_args(
+            wc.size, data_dir_arg(), span_arg("--docs", config["calibration"].get("c4_docs"))),
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     threads: config.get("threads", 2)
     resources:
-        mem_mb=job_mem_mb("blocks", count=priv_similarity_tokens),
-        gpu=lambda wc: MODEL_JOB_GPUS if priv(wc.size, "similarity")["seeds"] else 0,
+        mem_mb=job_mem_mb("blocks", count=lambda wc: PRIVACY.similarity_tokens(wc.size)),
+        gpu=lambda wc: MODEL_JOB_GPUS if PRIVACY.of(wc.size, "similarity")["seeds"] else 0,
     conda:
         "../../envs/fedlib.yaml"
     log:
@@ -62,18 +57,18 @@ rule privacy_sensitivity:
     """Masks of client 0's data and of data sets differing from it in exactly one sample."""
     input:
         model=MODEL_READY,
-        calib=priv_shard(0),
-        base=priv_client_masks()[0],
-        replacements=lambda wc: priv_replacement_shards(wc.size),
+        calib=PRIVACY.shard(0),
+        base=PRIVACY.client_masks()[0],
+        replacements=lambda wc: PRIVACY.replacement_shards(wc.size),
     output:
         f"{PRIV_BASE}/{{size}}/sensitivity.json",
     wildcard_constraints:
         size="run|full",
     params:
         model=model_folder,
-        pruning=priv_pruning_args(),
-        neighbours=lambda wc: priv(wc.size, "sensitivity")["neighbours"],
-        blocks=lambda wc: priv(wc.size, "sensitivity")["blocks"] or "all",
+        pruning=PRIVACY.pruning_args(),
+        neighbours=lambda wc: PRIVACY.of(wc.size, "sensitivity")["neighbours"],
+        blocks=lambda wc: PRIVACY.of(wc.size, "sensitivity")["blocks"] or "all",
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     threads: 1
@@ -96,19 +91,19 @@ rule privacy_membership:
     """LiRA membership inference on in-process shadow masks of the first decoder blocks."""
     input:
         model=MODEL_READY,
-        population=lambda wc: priv_population(wc.size),
+        population=lambda wc: PRIVACY.population(wc.size),
     output:
         f"{PRIV_BASE}/{{size}}/membership.json",
     wildcard_constraints:
         size="run|full",
     params:
         model=model_folder,
-        pruning=priv_pruning_args(),
-        targets=lambda wc: priv(wc.size, "membership")["targets"],
-        pairs=lambda wc: priv(wc.size, "membership")["pairs"],
-        blocks=lambda wc: priv(wc.size, "membership")["blocks"] or "all",
-        samples=lambda wc: priv_membership_samples(wc.size),
-        epsilons=lambda wc: " ".join(_eps_name(e) for e in priv_membership_epsilons(wc.size)),
+        pruning=PRIVACY.pruning_args(),
+        targets=lambda wc: PRIVACY.of(wc.size, "membership")["targets"],
+        pairs=lambda wc: PRIVACY.of(wc.size, "membership")["pairs"],
+        blocks=lambda wc: PRIVACY.of(wc.size, "membership")["blocks"] or "all",
+        samples=lambda wc: PRIVACY.membership_samples(wc.size),
+        epsilons=lambda wc: " ".join(eps_name(e) for e in PRIVACY.membership_epsilons(wc.size)),
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     threads: 1
@@ -132,21 +127,21 @@ rule privacy_inversion:
     """The server inverts block-0 q_proj masks of private texts; plus the tiny-model case."""
     input:
         model=MODEL_READY,
-        texts=lambda wc: priv_inversion_texts(wc.size),
-        prior=lambda wc: priv_prior_pool(wc.size),
+        texts=lambda wc: PRIVACY.inversion_texts(wc.size),
+        prior=lambda wc: PRIVACY.prior_pool(wc.size),
     output:
         f"{PRIV_BASE}/{{size}}/inversion.json",
     wildcard_constraints:
         size="run|full",
     params:
         model=model_folder,
-        sparsity=lambda wc: priv_setting()[1],
-        group=lambda wc: priv_setting()[2],
+        sparsity=lambda wc: PRIVACY.sparsity,
+        group=lambda wc: PRIVACY.group,
         seed=config["seed"],
-        per_length=lambda wc: priv(wc.size, "inversion")["texts"],
-        steps=lambda wc: priv(wc.size, "inversion")["steps"],
-        prior=lambda wc: "--use-prior" if priv(wc.size, "inversion")["prior"] and priv_prior_pool(wc.size) else "",
-        tiny=lambda wc: " ".join(str(t) for t in priv(wc.size, "inversion")["tiny"]),
+        per_length=lambda wc: PRIVACY.of(wc.size, "inversion")["texts"],
+        steps=lambda wc: PRIVACY.of(wc.size, "inversion")["steps"],
+        prior=lambda wc: "--use-prior" if PRIVACY.of(wc.size, "inversion")["prior"] and PRIVACY.prior_pool(wc.size) else "",
+        tiny=lambda wc: " ".join(str(t) for t in PRIVACY.of(wc.size, "inversion")["tiny"]),
     threads: 1
     resources:
         mem_mb=job_mem_mb("blocks", tokens=["texts", "prior"]),
@@ -167,8 +162,8 @@ rule privacy_rr_aggregate:
     """Defence: randomized response (per-bit ε) on every client's mask, FedPrLLM top-k on the noisy votes."""
     input:
         model=MODEL_READY,
-        masks=priv_client_masks(),
-        clean=f"{RESULTS}/global/{PRIV_CALIB}/{PRIV_SPLIT}/{PRIV_PRUNE}/oneshot_{{group}}.mask.safetensors",
+        masks=PRIVACY.client_masks(),
+        clean=f"{RESULTS}/global/{PRIVACY.calib}/{PRIVACY.split}/{PRIVACY.prune}/oneshot_{{group}}.mask.safetensors",
     output:
         mask=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.mask.safetensors",
         record=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.record.json",
@@ -176,7 +171,7 @@ rule privacy_rr_aggregate:
         eps=r"[0-9.]+",
     params:
         model=model_folder,
-        sparsity=lambda wc: priv_setting()[1],
+        sparsity=lambda wc: PRIVACY.sparsity,
         group=lambda wc: group_arg(wc.group),
         seed=config["seed"],
     threads: 1
@@ -199,7 +194,7 @@ rule privacy_defence_eval:
     input:
         model=MODEL_READY,
         mask=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.mask.safetensors",
-        windows=_defence_windows,
+        windows=lambda wc: PRIVACY.defence_windows(wc.size),
     output:
         f"{PRIV_BASE}/{{size}}/defence/rr{{eps}}_{{group}}.eval.json",
     wildcard_constraints:
@@ -232,11 +227,11 @@ for _size in ("run", "full"):
             f"privacy_report_{_size}"
         localrule: True
         input:
-            priv_report_inputs(_size),
+            PRIVACY.report_inputs(_size),
         output:
             priv_outputs(_size, for_report=True),
         params:
-            spec=json.dumps(priv_report_spec(_size)),
+            spec=json.dumps(PRIVACY.report_spec(_size)),
         conda:
             "../../envs/fedlib.yaml"
         log:

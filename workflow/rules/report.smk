@@ -2,13 +2,13 @@ rule table1:
     """FedPrLLM Table 1 analogue (Markdown + CSV) for the default setting."""
     localrule: True
     input:
-        table_rule_inputs(table1_spec()),
+        table_inputs(CATALOG.table1()),
     output:
         md=f"{REPORTS}/table1.md",
         csv=f"{REPORTS}/table1.csv",
         html=report(f"{REPORTS}/table1.html", caption="../report/table1.rst", category="Perplexity"),
     params:
-        spec=json.dumps(table1_spec()),
+        spec=json.dumps(CATALOG.table1()),
     conda:
         "../../envs/fedlib.yaml"
     log:

@@ -8,7 +8,7 @@ rule aggregate:
         f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.mask.safetensors",
     params:
         model=model_folder,
-        sparsity=lambda wc: parse_prune(wc.prune)[1],
+        sparsity=lambda wc: Prune.parse(wc.prune).sparsity,
         group=lambda wc: group_arg(wc.group),
         seed=config["seed"],
     resources:
@@ -61,8 +61,10 @@ rule iterative:
 
 rule fedspallm:
     """FedSpaLLM, simulated: SparseGPT-with-update clients send weights + masks; l0 aggregation,
-    adaptive mask expansion; layer sampling over rounds. Also keeps the first clients' own
-    models (the Standalone baseline) until they are evaluated."""
+    adaptive mask expansion; studies.fedspallm.rounds rounds. With studies.fedspallm.resources,
+    each client prunes a sampled fraction of the blocks per round (layer sampling, Algorithm 1);
+    without, every client prunes every block and the job also keeps the first clients' own
+    models (the Standalone baseline) until they are evaluated (they exist only then)."""
     input:
         model=MODEL_READY,
         calib=client_shards,
@@ -70,14 +72,13 @@ rule fedspallm:
         weights=f"{RESULTS}/fedspallm/{{calib}}/{{split}}/{{prune}}/global.weights.safetensors",
         record=f"{RESULTS}/fedspallm/{{calib}}/{{split}}/{{prune}}/rounds.json",
         standalone=[
-            temp(f"{RESULTS}/fedspallm/{{calib}}/{{split}}/{{prune}}/standalone_{i}.weights.safetensors")
-            for i in range(FEDSPALLM.get("standalone_clients", 4))
+            temp(f"{RESULTS}/fedspallm/{{calib}}/{{split}}/{{prune}}/{label}.weights.safetensors")
+            for label in CATALOG.fedspallm_standalone()
         ],
     params:
         model=model_folder,
-        sparsity=lambda wc: parse_prune(wc.prune)[1],
-        group=lambda wc: group_arg(parse_prune(wc.prune)[2]),
-        rounds=FEDSPALLM.get("rounds", 1),
+        args=lambda wc: CATALOG.fedspallm_args(wc.split, wc.prune),
+        standalone=lambda wc, output: f"--standalone-out {' '.join(output.standalone)}" if output.standalone else "",
         seed=config["seed"],
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
@@ -92,9 +93,9 @@ rule fedspallm:
     benchmark:
         f"{BENCH}/fedspallm/{{calib}}/{{split}}/{{prune}}.tsv"
     shell:
-        "python -m fedlib fedspallm --model {params.model} --calib {input.calib} --sparsity {params.sparsity} "
-        "--group {params.group} --rounds {params.rounds} --seed {params.seed} --batch-size {params.batch_size} "
-        "{params.placement} --threads {threads} --standalone-out {output.standalone} --out {output.weights} "
+        "python -m fedlib fedspallm --model {params.model} --calib {input.calib} {params.args} "
+        "--seed {params.seed} --batch-size {params.batch_size} "
+        "{params.placement} --threads {threads} {params.standalone} --out {output.weights} "
         "--record {output.record} > {log} 2>&1"
 
 

@@ -1,4 +1,4 @@
-# Named study targets beyond Table 1; their specs: tables.smk.
+# Named study targets beyond Table 1; their specs: tables.smk (fedlib.catalog.Catalog).
 
 for _name, _spec in STUDY_SPECS.items():
 
@@ -7,11 +7,11 @@ for _name, _spec in STUDY_SPECS.items():
             f"study_{_name}"
         localrule: True
         input:
-            table_rule_inputs(_spec()),
+            table_inputs(_spec()),
         output:
             md=f"{REPORTS}/{_name}.md",
             csv=f"{REPORTS}/{_name}.csv",
-            html=report(f"{REPORTS}/{_name}.html", caption=study_caption(_name), category=study_category(_name)),
+            html=report(f"{REPORTS}/{_name}.html", caption=study_caption(_name), category=CATALOG.study_category(_name)),
         params:
             spec=json.dumps(_spec()),
         conda:
@@ -32,7 +32,7 @@ for _name, _spec in STUDY_PLOTS.items():
             f"plot_{_name}"
         localrule: True
         input:
-            plot_rule_inputs(_spec()),
+            plot_inputs(_spec()),
         output:
             report(f"{REPORTS}/{_name}.png", caption=study_caption(f"{_name}_plot", "plot"), category="Sweeps"),
         params:

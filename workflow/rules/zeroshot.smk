@@ -33,8 +33,7 @@ rule zeroshot:
     output:
         f"{RESULTS}/zeroshot/{{calib}}/{{split}}/{{prune}}/{{label}}.json",
     wildcard_constraints:
-        # the labels of evaluate_perplexity
-        label=r"centralized|local_\d+|random|fedspallm|standalone_\d+|fedprllm_(oneshot|iterative)_(row|layer|column|\d+of\d+)_(scale|noscale)",
+        label=SETTING_LABEL_PATTERN,
     params:
         model=model_folder,
         variant=lambda wc: variant_of(wc)[1],

@@ -1,0 +1,178 @@
+"""The privacy audit's sizes, files and report spec (FedPrLLM Sec. 4.5 / App. C as measurements).
+
+Two size sets: "run" (config `privacy:`, reduced, part of `make run`) and "full" (`privacy.full:`
+overrides per analysis; target privacy_full). The audit runs on the default setting.
+Results: {results}/privacy/<setting>/...; tables: {reports}/privacy_<analysis>[_full].{md,csv}.
+"""
+
+from __future__ import annotations
+
+from fedlib.catalog.tables import Catalog
+from fedlib.catalog.variants import Calib, Prune, Split, Variant, group_arg
+
+DEFAULTS = {
+    "similarity": {"seeds": [], "seed_samples": 32},
+    "sensitivity": {"neighbours": 2, "blocks": None},
+    "membership": {"targets": 32, "pairs": 4, "blocks": 1, "seqlen": 64, "samples": None,
+                   "population": 256, "epsilons": [0.01, 0.1, 1]},
+    "inversion": {"tokens": [16], "texts": 1, "steps": 300, "prior": False, "prior_samples": 32,
+                  "tiny": [1, 2, 3]},
+    "defence": {"epsilons": [1, 4], "group": "layer", "datasets": ["wikitext2"]},
+}
+ANALYSES = ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence")
+SIZES = ("run", "full")
+
+
+def eps_name(eps) -> str:
+    """A per-bit ε as it appears in file names (1 -> 1, 0.5 -> 0.5)."""
+    return f"{float(eps):g}"
+
+
+def sizes(config) -> dict:
+    """{"run": analysis -> sizes, "full": ...}: the defaults, config `privacy:` over them, and
+    `privacy.full:` over that (per analysis)."""
+    given = dict(config.get("privacy") or {})
+    full_overrides = given.pop("full", None) or {}
+    run = {k: {**v, **(given.get(k) or {})} for k, v in DEFAULTS.items()}
+    full = {k: {**v, **(full_overrides.get(k) or {})} for k, v in run.items()}
+    return {"run": run, "full": full}
+
+
+class PrivacyCatalog:
+    """Sizes, inputs, CLI arguments and report spec of the audit of ``catalog``'s default setting."""
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+        config = catalog.config
+        self.sizes = sizes(config)
+        for size, by_analysis in self.sizes.items():
+            missing = set(by_analysis["defence"]["datasets"]) - set(config["evaluation"]["datasets"])
+            if missing:
+                raise ValueError(f"privacy ({size}): defence datasets {sorted(missing)} are not evaluation.datasets; "
+                                 "the no-noise row reuses Table 1's evaluation")
+        self.calib, self.split, self.prune = catalog.setting()
+        results = catalog.results
+        self.results = results
+        self.base = f"{results}/privacy/{self.calib}/{self.split}/{self.prune}"
+        self._calib, self._split, self._prune = Calib.parse(self.calib), Split.parse(self.split), Prune.parse(self.prune)
+
+    def of(self, size: str, analysis: str) -> dict:
+        return self.sizes[size][analysis]
+
+    @property
+    def sparsity(self) -> float:
+        return self._prune.sparsity
+
+    @property
+    def group(self) -> str:
+        """The clients' comparison group, CLI spelling."""
+        return group_arg(self._prune.group)
+
+    def client_masks(self) -> list[str]:
+        return self.catalog.client_masks(self.calib, self.split, self.prune)
+
+    def shard(self, i: int) -> str:
+        return f"{self.results}/shards/{self.calib}/{self.split}/client_{i}.safetensors"
+
+    def pruning_args(self) -> str:
+        """How the audit's own pruning jobs (similarity draws, sensitivity, membership shadows) prune."""
+        p = self._prune
+        args = f"--method {p.method} --sparsity {p.sparsity} --group {self.group} --seed {self.catalog.config['seed']}"
+        options = self.catalog.method_options_arg(p.method)
+        return f"{args} {options}" if options else args
+
+    def similarity_seeds_args(self, size: str, data_dir: str, docs: str) -> str:
+        """Arguments of the seeded whole-model calibration draws; none without seeds."""
+        sim = self.of(size, "similarity")
+        if not sim["seeds"]:
+            return ""
+        return "--seeds {} --seed-samples {} --seqlen {} --dataset {} --data-dir {} {}".format(
+            " ".join(str(s) for s in sim["seeds"]), sim["seed_samples"], self._calib.seqlen, self._calib.dataset,
+            data_dir, docs)
+
+    def similarity_tokens(self, size: str) -> tuple[int, int]:
+        """(tokens, tokens per sample) of one seeded calibration draw of the similarity analysis
+        (the draws run one at a time; none without seeds)."""
+        sim = self.of(size, "similarity")
+        seqlen = self._calib.seqlen
+        return (sim["seed_samples"] * seqlen if sim["seeds"] else 0, seqlen)
+
+    def membership_samples(self, size: str) -> int:
+        m = self.of(size, "membership")
+        if m.get("samples"):
+            return int(m["samples"])
+        return max(1, self._calib.nsamples // self._split.clients)
+
+    def membership_epsilons(self, size: str) -> list[float]:
+        eps = {float(e) for e in self.of(size, "membership").get("epsilons") or []}
+        eps |= {float(e) for e in self.of(size, "defence").get("epsilons") or []}
+        return sorted(eps)
+
+    def population(self, size: str) -> str:
+        m = self.of(size, "membership")
+        return f"{self.results}/pools/{Calib(self._calib.dataset, m['population'], m['seqlen'])}.safetensors"
+
+    def inversion_texts(self, size: str) -> list[str]:
+        inv = self.of(size, "inversion")
+        return [f"{self.results}/pools/{Calib(self._calib.dataset, inv['texts'], t)}.safetensors" for t in inv["tokens"]]
+
+    def prior_pool(self, size: str) -> list[str]:
+        """Public text for the attacker's unigram prior: WikiText-2 windows (not the clients' C4);
+        none with prior_samples 0 (no unigram baseline then)."""
+        inv = self.of(size, "inversion")
+        if not inv["prior_samples"]:
+            return []
+        return [f"{self.results}/pools/{Calib('wikitext2', inv['prior_samples'], self._calib.seqlen)}.safetensors"]
+
+    def replacement_shards(self, size: str) -> list[str]:
+        """Other clients' shards: the samples that replace one of client 0's."""
+        n = self._split.clients
+        per_client = max(1, self._calib.nsamples // n)
+        needed = -(-self.of(size, "sensitivity")["neighbours"] // per_client)
+        if n < 2:
+            raise ValueError("privacy sensitivity needs at least 2 clients (replacement samples come from client 1..)")
+        return [self.shard(i) for i in range(1, min(n, 1 + needed))]
+
+    def defence_windows(self, size: str) -> list[str]:
+        return [f"{self.results}/eval_windows/{d}.safetensors" for d in self.of(size, "defence")["datasets"]]
+
+    def json(self, size: str, analysis: str) -> str:
+        if analysis == "entropy":
+            return f"{self.base}/entropy.json"
+        return f"{self.base}/{size}/{analysis}.json"
+
+    def defence_spec(self, size: str) -> dict:
+        d = self.of(size, "defence")
+        group = d["group"]
+        records = {eps_name(e): f"{self.base}/defence/rr{eps_name(e)}_{group}.record.json" for e in d["epsilons"]}
+        evals = {eps_name(e): f"{self.base}/{size}/defence/rr{eps_name(e)}_{group}.eval.json" for e in d["epsilons"]}
+        clean = Variant.fedprllm("oneshot", group, False).label
+        return {
+            "records": records, "evals": evals, "datasets": d["datasets"], "group": group,
+            "clean_eval": self.catalog.eval_json(self.calib, self.split, self.prune, clean),
+            "dense_eval": self.catalog.eval_json(self.calib, self.split, self.prune, "dense"),
+        }
+
+    def outputs(self, size: str) -> tuple[list[str], list[str]]:
+        """(tables, pages and plots shown in the HTML report) the report of ``size`` writes."""
+        suffix = "" if size == "run" else "_full"
+        reports = self.catalog.reports
+        shown = [f"{reports}/privacy_{analysis}{suffix}.html" for analysis in ANALYSES]
+        shown += [f"{reports}/privacy_membership_roc{suffix}.png", f"{reports}/privacy_defence{suffix}.png"]
+        tables = [f"{reports}/privacy_{analysis}{suffix}.{ext}" for analysis in ANALYSES for ext in ("md", "csv")]
+        return tables + [f"{reports}/privacy_entropy_layers{suffix}.csv"], shown
+
+    def report_spec(self, size: str) -> dict:
+        return {
+            "context": self.catalog.report_context(self.calib, self.split, self.prune),
+            "out_dir": self.catalog.reports, "suffix": "" if size == "run" else "_full", "size": size,
+            **{a: self.json(size, a) for a in ANALYSES if a != "defence"},
+            "defence": self.defence_spec(size),
+        }
+
+    def report_inputs(self, size: str) -> list[str]:
+        spec = self.report_spec(size)
+        d = spec["defence"]
+        files = [spec[a] for a in ANALYSES if a != "defence"]
+        files += list(d["records"].values()) + list(d["evals"].values()) + [d["clean_eval"], d["dense_eval"]]
+        return files

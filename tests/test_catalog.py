@@ -1,0 +1,243 @@
+"""fedlib.catalog: the variant label grammar, setting components, and table / privacy specs built
+from a tiny config. Expected rows and files are written out here, not computed by the catalog."""
+
+import hashlib
+import json
+import re
+
+import pytest
+
+from fedlib.catalog import (
+    LABEL_PATTERN,
+    SETTING_LABEL_PATTERN,
+    Calib,
+    Catalog,
+    PrivacyCatalog,
+    Prune,
+    Split,
+    Variant,
+    plot_inputs,
+    table_inputs,
+)
+
+R = "res"  # results_dir of the tiny config
+
+
+def tiny_config(**changes):
+    config = {
+        "seed": 0, "threads": 1, "results_dir": R, "reports_dir": "rep",
+        "model": {"name": "tiny"},
+        "calibration": {"dataset": "c4", "nsamples": 4, "seqlen": 32},
+        "clients": {"n": 2, "partition": "iid"},
+        "pruning": {"method": "wanda", "sparsity": 0.5, "local_group": "row"},
+        "server": {"groups": ["layer", "2:4"], "scaling": [False, True]},
+        "baselines": {"local_only_clients": 1},
+        "evaluation": {"datasets": ["wikitext2", "c4"], "seqlen": 32},
+        "zeroshot": {"limit": 2, "run_rows": ["dense", "fedprllm_scale"]},
+        "studies": {"local_groups": ["column"], "fedspallm": {"clients": [2], "sparsities": [0.6],
+                                                             "standalone_clients": 3}},
+    }
+    for key, value in changes.items():
+        config[key] = value
+    return config
+
+
+EVERY_KIND = {
+    "dense": Variant("dense"),
+    "centralized": Variant("centralized"),
+    "local_3": Variant("local", client=3),
+    "random": Variant("random"),
+    "fedspallm": Variant("fedspallm"),
+    "standalone_0": Variant("standalone", client=0),
+    "fedprllm_oneshot_layer_noscale": Variant("fedprllm", strategy="oneshot", group="layer", scale=False),
+    "fedprllm_iterative_2of4_scale": Variant("fedprllm", strategy="iterative", group="2of4", scale=True),
+    "fedprllm_oneshot_column_scale": Variant("fedprllm", strategy="oneshot", group="column", scale=True),
+    "fedprllm_iterative_row_noscale": Variant("fedprllm", strategy="iterative", group="row", scale=False),
+}
+
+
+@pytest.mark.parametrize("label", list(EVERY_KIND))
+def test_label_round_trip(label):
+    variant = Variant.from_label(label)
+    assert variant == EVERY_KIND[label]
+    assert variant.label == variant.to_label() == str(variant) == label
+    assert re.fullmatch(LABEL_PATTERN, label)
+    # the rules' wildcard takes every label but dense (scored by its own rule)
+    assert bool(re.fullmatch(SETTING_LABEL_PATTERN, label)) == (label != "dense")
+
+
+@pytest.mark.parametrize("label", ["", "Dense", "local_", "local_x", "fedprllm_oneshot_layer", "fedprllm_twoshot_layer_scale",
+                                   "fedprllm_oneshot_block_scale", "fedprllm_oneshot_layer_scaled", "standalone",
+                                   "random_1", "centralized ", None])
+def test_invalid_labels_are_refused(label):
+    with pytest.raises(ValueError, match=r"invalid variant label .*expected dense \| centralized"):
+        Variant.from_label(label)
+
+
+def test_inconsistent_variants_are_refused():
+    for bad in (dict(kind="local"), dict(kind="dense", client=1), dict(kind="fedprllm", strategy="oneshot", group="layer"),
+                dict(kind="centralized", scale=True), dict(kind="shadow")):
+        with pytest.raises(ValueError, match="invalid variant"):
+            Variant(**bad)
+
+
+def test_setting_components_round_trip_and_refuse():
+    assert Calib.parse("mix-8x512") == Calib("mix", 8, 512) and str(Calib("c4", 32, 512)) == "c4-32x512"
+    assert Split.parse("dir0.5-12") == Split("dir0.5", 12) and Split.parse("dir0.5-12").describe() == "Dirichlet(alpha=0.5)"
+    assert Prune.parse("owl-0.7-2of4") == Prune("owl", 0.7, "2of4") and str(Prune("wanda", 0.5, "row")) == "wanda-0.5-row"
+    for parse, text, expected in ((Calib.parse, "c4-32", "nsamples"), (Split.parse, "noniid-3", "iid-"),
+                                  (Prune.parse, "wanda-0.5-2:4", "method")):
+        with pytest.raises(ValueError, match=rf"invalid .*{re.escape(text)}.*expected .*{expected}"):
+            parse(text)
+
+
+def test_variant_files_and_cli_arguments():
+    s = ("c4-4x32", "iid-2", "wanda-0.5-row")
+    base = f"{R}/masks/c4-4x32/iid-2/wanda-0.5-row"
+    expected = {
+        "dense": (None, ""),
+        "centralized": (f"{R}/masks/c4-4x32/central/wanda-0.5-row/centralized.mask.safetensors", "--mask"),
+        "local_3": (f"{base}/client_3.mask.safetensors", "--mask"),
+        "random": (f"{R}/random/0.5.mask.safetensors", "--mask"),
+        "fedspallm": (f"{R}/fedspallm/c4-4x32/iid-2/wanda-0.5-row/global.weights.safetensors", "--weights"),
+        "standalone_0": (f"{R}/fedspallm/c4-4x32/iid-2/wanda-0.5-row/standalone_0.weights.safetensors", "--weights"),
+        "fedprllm_oneshot_layer_noscale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/oneshot_layer.mask.safetensors", "--mask"),
+        "fedprllm_oneshot_column_scale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/oneshot_column.mask.safetensors", "--mask"),
+        # iterative with scaling is a run of its own; without, it is the plain iterative run
+        "fedprllm_iterative_2of4_scale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/iterative-scaled_2of4.mask.safetensors", "--mask"),
+        "fedprllm_iterative_row_noscale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/iterative_row.mask.safetensors", "--mask"),
+    }
+    catalog = Catalog(tiny_config())
+    for label, (path, flag) in expected.items():
+        args = "" if path is None else f"{flag} {path}" + (" --scale" if label.endswith("_scale") else "")
+        assert catalog.variant_source(*s, label) == (path, args), label
+    assert catalog.eval_json(*s, "dense") == f"{R}/eval/dense.json"
+    assert catalog.eval_json(*s, "local_3") == f"{R}/eval/c4-4x32/iid-2/wanda-0.5-row/local_3.json"
+
+
+def test_method_options_reach_the_method_they_name():
+    catalog = Catalog(tiny_config())
+    assert catalog.mask_args("owl-0.7-2of4") == "--method owl --sparsity 0.7 --group 2:4"
+    config = tiny_config()
+    config["pruning"] = {**config["pruning"], "method_options": {"owl": {"lam": 0.08, "note": "it's"}}}
+    catalog = Catalog(config)
+    assert catalog.mask_args("owl-0.7-row", "--local-group") == (
+        "--method owl --sparsity 0.7 --local-group row --method-options '{\"lam\": 0.08, \"note\": \"it'\\''s\"}'")
+    assert catalog.mask_args("wanda-0.5-row") == "--method wanda --sparsity 0.5 --group row"
+
+
+def test_table1_rows():
+    spec = Catalog(tiny_config(), config_files="a.yaml + b.yaml").table1()
+    e = f"{R}/eval/c4-4x32/iid-2/wanda-0.5-row"
+    assert spec["columns"] == ["Method", "Comparison group", "Pruning strategy", "Weight scaling"]
+    assert spec["rows"] == [
+        {"cells": ["Dense", "-", "-", "-"], "results": [f"{R}/eval/dense.json"]},
+        {"cells": ["Centralized", "-", "-", "-"], "results": [f"{e}/centralized.json"]},
+        {"cells": ["Local-only (mean ± std, 1 clients)", "-", "-", "-"], "results": [f"{e}/local_0.json"]},
+        {"cells": ["FedPrLLM", "Layer", "One-shot", "✗"], "results": [f"{e}/fedprllm_oneshot_layer_noscale.json"]},
+        {"cells": ["FedPrLLM", "2:4", "One-shot", "✗"], "results": [f"{e}/fedprllm_oneshot_2of4_noscale.json"]},
+        {"cells": ["FedPrLLM", "Layer", "One-shot", "✓"], "results": [f"{e}/fedprllm_oneshot_layer_scale.json"]},
+        {"cells": ["FedPrLLM", "2:4", "One-shot", "✓"], "results": [f"{e}/fedprllm_oneshot_2of4_scale.json"]},
+    ]
+    hashed = {k: v for k, v in tiny_config().items() if k != "threads"}
+    assert spec["context"] == {
+        "model": "tiny", "config": "a.yaml + b.yaml", "seed": 0,
+        "config_hash": hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:12],
+        "lines": ["2 clients, 4 calibration samples from c4 x 32 tokens (IID split); "
+                  "local method wanda with row comparison at 50%"],
+    }
+    assert spec["title"] == "Table 1 analogue: perplexity of pruned tiny (wanda, 50% sparsity)"
+
+
+def test_table12_run_keeps_the_run_rows_with_zeroshot_files():
+    spec = Catalog(tiny_config()).table12_run()
+    z = f"{R}/zeroshot/c4-4x32/iid-2/wanda-0.5-row"
+    assert spec["measure"] == "zeroshot"
+    assert [row["results"] for row in spec["rows"]] == [
+        [f"{R}/zeroshot/dense.json"], [f"{z}/fedprllm_oneshot_layer_scale.json"], [f"{z}/fedprllm_oneshot_2of4_scale.json"]]
+    assert spec["title"] == ("Table 12 analogue (rows of `make run`): zero-shot accuracy (%) of pruned tiny "
+                             "(wanda, 50% sparsity; first 2 documents per task)")
+
+
+def test_table2_rows():
+    spec = Catalog(tiny_config()).table2()
+    e = f"{R}/eval/c4-4x32/iid-2/wanda-0.5-column"
+    assert spec["rows"] == [
+        {"cells": ["Column", "Centralized", "-"], "results": [f"{e}/centralized.json"]},
+        {"cells": ["Column", "Local-only (mean ± std, 1 clients)", "-"], "results": [f"{e}/local_0.json"]},
+        {"cells": ["Column", "FedPrLLM", "Layer"], "results": [f"{e}/fedprllm_oneshot_layer_noscale.json"]},
+        {"cells": ["Column", "FedPrLLM", "Row"], "results": [f"{e}/fedprllm_oneshot_row_noscale.json"]},
+        {"cells": ["Column", "FedPrLLM", "Column"], "results": [f"{e}/fedprllm_oneshot_column_noscale.json"]},
+    ]
+
+
+def test_fedspallm_table_with_and_without_layer_sampling():
+    e = f"{R}/eval/c4-4x32/iid-2/sparsegpt_update-0.6-layer"
+    plain = Catalog(tiny_config()).fedspallm_table(2)
+    # 3 standalone clients configured, but the table has 2 clients
+    assert plain["rows"] == [
+        {"cells": ["60%", "Random"], "results": [f"{e}/random.json"]},
+        {"cells": ["60%", "Standalone (mean ± std, 2 clients)"], "results": [f"{e}/standalone_0.json", f"{e}/standalone_1.json"]},
+        {"cells": ["60%", "FedSpaLLM"], "results": [f"{e}/fedspallm.json"]},
+    ]
+    config = tiny_config()
+    config["studies"]["fedspallm"].update(resources=0.5, rounds=4)
+    catalog = Catalog(config)
+    sampled = catalog.fedspallm_table(2)
+    assert [row["cells"][1] for row in sampled["rows"]] == ["Random", "FedSpaLLM"]
+    assert "4 round(s), layer sampling with resources 0.5 (no Standalone models)" in sampled["context"]["lines"][0]
+    assert catalog.fedspallm_standalone() == [] and catalog.fedspallm_resources_arg("iid-2") == "--resources 0.5 0.5"
+    assert Catalog(tiny_config()).fedspallm_resources_arg("iid-2") == ""
+
+    config["studies"]["fedspallm"]["resources"] = [0.25, 1.0]
+    assert Catalog(config).fedspallm_resources_arg("iid-2") == "--resources 0.25 1"
+    config["studies"]["fedspallm"]["resources"] = [0.25, 1.0, 1.0]
+    with pytest.raises(ValueError, match=r"studies.fedspallm.resources: 3 per-client fractions.*clients has 2"):
+        Catalog(config)
+
+
+def test_figure2_sweep_rows_and_inputs():
+    config = tiny_config(studies={"clients_sweep": [1, 2, 8]})  # 8 > nsamples: dropped
+    spec = Catalog(config).figure2()
+    assert [(row["x"], row["series"]) for row in spec["rows"]] == [
+        (1, "FedPrLLM (layer, one-shot)"), (1, "Centralized"), (1, "Local-only (mean ± std)"),
+        (2, "FedPrLLM (layer, one-shot)"), (2, "Centralized"), (2, "Local-only (mean ± std)")]
+    assert spec["reference"] == [{"series": "Dense", "results": [f"{R}/eval/dense.json"]}]
+    rows = [f"{R}/eval/c4-4x32/iid-{n}/wanda-0.5-row/{label}.json" for n in (1, 2)
+            for label in ("fedprllm_oneshot_layer_noscale", "centralized", "local_0")]
+    # the table reads its rows; the plot also its Dense reference line
+    assert table_inputs(spec) == sorted(rows)
+    assert plot_inputs(spec) == sorted(rows + [f"{R}/eval/dense.json"])
+
+
+def test_privacy_specs():
+    config = tiny_config(privacy={"membership": {"population": 16, "seqlen": 8, "epsilons": [2]},
+                                  "defence": {"epsilons": [0.5]},
+                                  "full": {"defence": {"epsilons": [0.5, 8], "datasets": ["wikitext2", "c4"]}}})
+    privacy = PrivacyCatalog(Catalog(config))
+    base = f"{R}/privacy/c4-4x32/iid-2/wanda-0.5-row"
+    assert privacy.pruning_args() == "--method wanda --sparsity 0.5 --group row --seed 0"
+    assert privacy.population("run") == f"{R}/pools/c4-16x8.safetensors"
+    assert privacy.membership_samples("run") == 2  # 4 samples over 2 clients
+    assert privacy.membership_epsilons("run") == [0.5, 2.0] and privacy.membership_epsilons("full") == [0.5, 2.0, 8.0]
+    assert privacy.replacement_shards("run") == [f"{R}/shards/c4-4x32/iid-2/client_1.safetensors"]
+    assert privacy.prior_pool("run") == [f"{R}/pools/wikitext2-32x32.safetensors"]
+    spec = privacy.report_spec("full")
+    assert spec["suffix"] == "_full" and spec["out_dir"] == "rep" and spec["entropy"] == f"{base}/entropy.json"
+    assert spec["membership"] == f"{base}/full/membership.json"
+    assert spec["defence"] == {
+        "records": {"0.5": f"{base}/defence/rr0.5_layer.record.json", "8": f"{base}/defence/rr8_layer.record.json"},
+        "evals": {"0.5": f"{base}/full/defence/rr0.5_layer.eval.json", "8": f"{base}/full/defence/rr8_layer.eval.json"},
+        "datasets": ["wikitext2", "c4"], "group": "layer",
+        "clean_eval": f"{R}/eval/c4-4x32/iid-2/wanda-0.5-row/fedprllm_oneshot_layer_noscale.json",
+        "dense_eval": f"{R}/eval/dense.json",
+    }
+    tables, shown = privacy.outputs("run")
+    assert "rep/privacy_entropy.md" in tables and "rep/privacy_entropy_layers.csv" in tables
+    assert shown[-2:] == ["rep/privacy_membership_roc.png", "rep/privacy_defence.png"]
+
+
+def test_privacy_defence_datasets_must_be_evaluated():
+    config = tiny_config(privacy={"defence": {"datasets": ["ptb"]}})
+    with pytest.raises(ValueError, match=r"privacy \(run\): defence datasets \['ptb'\] are not evaluation.datasets"):
+        PrivacyCatalog(Catalog(config))
