@@ -42,7 +42,9 @@ run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
 	$(BIN)/snakemake --cores $(CORES) --report reports/report.html
 
+# the workflow's formatting (snakefmt, as the snakemake-workflows catalog), then the test suite
 test: $(STAMP)
+	$(BIN)/snakefmt --check Snakefile workflow/
 	$(BIN)/python -m pytest -q -rs
 
 # the HTML report of rule all's outputs (after `make run`); add named targets with

@@ -8,6 +8,8 @@ min_version("9.0")
 
 
 configfile: "config.yaml"
+
+
 report: "workflow/report/workflow.rst"
 
 
@@ -26,10 +28,10 @@ include: "workflow/rules/privacy.smk"
 
 
 rule all:
+    default_target: True
     input:
         f"{REPORTS}/table1.md",
         f"{REPORTS}/table1.csv",
         f"{REPORTS}/table12_run.md",
         f"{REPORTS}/table12_run.csv",
         PRIVACY_RUN_REPORTS,  # reduced privacy audit (workflow/rules/privacy.smk)
-    default_target: True

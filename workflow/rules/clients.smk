@@ -5,22 +5,22 @@ rule client_mask:
         calib=f"{RESULTS}/shards/{{calib}}/{{split}}/client_{{client}}.safetensors",
     output:
         f"{RESULTS}/masks/{{calib}}/{{split}}/{{prune}}/client_{{client}}.mask.safetensors",
+    log:
+        f"{LOGS}/client_mask/{{calib}}/{{split}}/{{prune}}/{{client}}.log",
+    benchmark:
+        f"{BENCH}/client_mask/{{calib}}/{{split}}/{{prune}}/{{client}}.tsv"
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: config.get("threads", 2)
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["calib"]),
+        gpu=MODEL_JOB_GPUS,
     params:
         model=model_folder,
         pruning=mask_args,
         seed=config["seed"],
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
-    threads: config.get("threads", 2)
-    resources:
-        mem_mb=job_mem_mb("blocks", tokens=["calib"]),
-        gpu=MODEL_JOB_GPUS,
-    conda:
-        "../../envs/fedlib.yaml"
-    log:
-        f"{LOGS}/client_mask/{{calib}}/{{split}}/{{prune}}/{{client}}.log",
-    benchmark:
-        f"{BENCH}/client_mask/{{calib}}/{{split}}/{{prune}}/{{client}}.tsv"
     shell:
         "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
         "--seed {params.seed} --client-id {wildcards.client} --batch-size {params.batch_size} "
@@ -34,22 +34,22 @@ rule centralized_mask:
         calib=f"{RESULTS}/pools/{{calib}}.safetensors",
     output:
         f"{RESULTS}/masks/{{calib}}/central/{{prune}}/centralized.mask.safetensors",
+    log:
+        f"{LOGS}/centralized_mask/{{calib}}/{{prune}}.log",
+    benchmark:
+        f"{BENCH}/centralized_mask/{{calib}}/{{prune}}.tsv"
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: config.get("threads", 2)
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["calib"]),
+        gpu=MODEL_JOB_GPUS,
     params:
         model=model_folder,
         pruning=mask_args,
         seed=config["seed"],
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
-    threads: config.get("threads", 2)
-    resources:
-        mem_mb=job_mem_mb("blocks", tokens=["calib"]),
-        gpu=MODEL_JOB_GPUS,
-    conda:
-        "../../envs/fedlib.yaml"
-    log:
-        f"{LOGS}/centralized_mask/{{calib}}/{{prune}}.log",
-    benchmark:
-        f"{BENCH}/centralized_mask/{{calib}}/{{prune}}.tsv"
     shell:
         "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
         "--seed {params.seed} --client-id centralized --batch-size {params.batch_size} "

@@ -8,9 +8,22 @@ from pathlib import Path
 from snakemake.utils import validate
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
-from fedlib.catalog import (CALIB_PATTERN, GROUP_PATTERN, PRUNE_PATTERN, SETTING_LABEL_PATTERN, SPLIT_PATTERN,
-                            Calib, Catalog, PrivacyCatalog, Prune, Split, eps_name, group_arg, plot_inputs,
-                            table_inputs)
+from fedlib.catalog import (
+    CALIB_PATTERN,
+    GROUP_PATTERN,
+    PRUNE_PATTERN,
+    SETTING_LABEL_PATTERN,
+    SPLIT_PATTERN,
+    Calib,
+    Catalog,
+    PrivacyCatalog,
+    Prune,
+    Split,
+    eps_name,
+    group_arg,
+    plot_inputs,
+    table_inputs,
+)
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -28,8 +41,10 @@ REPORTS = config["reports_dir"]
 LOGS = f"{RESULTS}/logs"
 BENCH = f"{RESULTS}/benchmarks"
 from fedlib.embedded import EMBEDDED  # the library's list (= fedlib.models.EMBEDDED; no torch import)
+
 EMBEDDED_MODELS = set(EMBEDDED)
 EVAL = config["evaluation"]
+
 
 # An experiment setting is three path components, so every table can mix settings and
 # Snakemake reruns exactly what a changed setting touches (grammar: fedlib.catalog.variants):
@@ -106,6 +121,7 @@ def span_arg(flag, value):
 
 def config_files():
     """The config files in the order they were merged: the Snakefile's, then --configfile ones."""
+
     def shown(f):
         rel = os.path.relpath(os.path.abspath(f))
         return str(f) if rel.startswith("..") else rel
@@ -120,6 +136,7 @@ CATALOG = Catalog(config, config_files())
 
 
 # Inputs and parameters of the rules in clients, server, evaluate and zeroshot.smk.
+
 
 def mask_args(wc, group_flag="--group"):
     """CLI arguments of a client's pruning, from the prune wildcard."""
@@ -148,7 +165,9 @@ def evaluation_inputs(wc):
 
 # zero-shot: results/zeroshot/ mirrors results/eval/ (same variants, lm-eval accuracy)
 ZEROSHOT = config.get("zeroshot", {})
-ZEROSHOT_TASKS = ZEROSHOT.get("tasks", ["boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa"])
+ZEROSHOT_TASKS = ZEROSHOT.get(
+    "tasks", ["boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa"]
+)
 ZEROSHOT_LIMIT = CATALOG.zeroshot_limit  # null = full splits
 # the local task files, so a changed file reruns the evaluation (none when loading from the hub)
 ZEROSHOT_DATA = [f"{config['data_dir']}/zeroshot/{task}.jsonl" for task in ZEROSHOT_TASKS] if config["data_dir"] else []

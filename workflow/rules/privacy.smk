@@ -1,5 +1,6 @@
 # Privacy audit rules; sizes, paths and the report spec: PRIVACY (privacy_common.smk, fedlib.catalog.privacy).
 
+
 rule privacy_entropy:
     """Bits per entry of client 0's mask vs the fp16 weights; entropy across all clients' masks."""
     input:
@@ -7,17 +8,17 @@ rule privacy_entropy:
         masks=PRIVACY.client_masks(),
     output:
         f"{PRIV_BASE}/entropy.json",
-    params:
-        model=model_folder,
-    threads: 1
-    resources:
-        mem_mb=job_mem_mb("layers"),
-    conda:
-        "../../envs/fedlib.yaml"
     log:
         f"{LOGS}/privacy/entropy.log",
     benchmark:
         f"{BENCH}/privacy/entropy.tsv"
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("layers"),
+    params:
+        model=model_folder,
     shell:
         "python -m fedlib privacy entropy --model {params.model} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
 
@@ -29,25 +30,26 @@ rule privacy_similarity:
         masks=PRIVACY.client_masks(),
     output:
         f"{PRIV_BASE}/{{size}}/similarity.json",
-    wildcard_constraints:
-        size="run|full",
-    params:
-        model=model_folder,
-        pruning=PRIVACY.pruning_args(),
-        seeds=lambda wc: PRIVACY.similarity_seeds_args(
-            wc.size, data_dir_arg(), span_arg("--docs", config["calibration"].get("c4_docs"))),
-        batch_size=PRUNE_BATCH,
-        placement=PLACEMENT_ARGS,
-    threads: config.get("threads", 2)
-    resources:
-        mem_mb=job_mem_mb("blocks", count=lambda wc: PRIVACY.similarity_tokens(wc.size)),
-        gpu=lambda wc: MODEL_JOB_GPUS if PRIVACY.of(wc.size, "similarity")["seeds"] else 0,
-    conda:
-        "../../envs/fedlib.yaml"
     log:
         f"{LOGS}/privacy/{{size}}/similarity.log",
     benchmark:
         f"{BENCH}/privacy/{{size}}/similarity.tsv"
+    wildcard_constraints:
+        size="run|full",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: config.get("threads", 2)
+    resources:
+        mem_mb=job_mem_mb("blocks", count=lambda wc: PRIVACY.similarity_tokens(wc.size)),
+        gpu=lambda wc: MODEL_JOB_GPUS if PRIVACY.of(wc.size, "similarity")["seeds"] else 0,
+    params:
+        model=model_folder,
+        pruning=PRIVACY.pruning_args(),
+        seeds=lambda wc: PRIVACY.similarity_seeds_args(
+            wc.size, data_dir_arg(), span_arg("--docs", config["calibration"].get("c4_docs"))
+        ),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
     shell:
         "python -m fedlib privacy similarity --model {params.model} {params.pruning} {params.seeds} "
         "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
@@ -62,8 +64,18 @@ rule privacy_sensitivity:
         replacements=lambda wc: PRIVACY.replacement_shards(wc.size),
     output:
         f"{PRIV_BASE}/{{size}}/sensitivity.json",
+    log:
+        f"{LOGS}/privacy/{{size}}/sensitivity.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/sensitivity.tsv"
     wildcard_constraints:
         size="run|full",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["calib", "replacements"]),
+        gpu=MODEL_JOB_GPUS,
     params:
         model=model_folder,
         pruning=PRIVACY.pruning_args(),
@@ -71,16 +83,6 @@ rule privacy_sensitivity:
         blocks=lambda wc: PRIVACY.of(wc.size, "sensitivity")["blocks"] or "all",
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
-    threads: 1
-    resources:
-        mem_mb=job_mem_mb("blocks", tokens=["calib", "replacements"]),
-        gpu=MODEL_JOB_GPUS,
-    conda:
-        "../../envs/fedlib.yaml"
-    log:
-        f"{LOGS}/privacy/{{size}}/sensitivity.log",
-    benchmark:
-        f"{BENCH}/privacy/{{size}}/sensitivity.tsv"
     shell:
         "python -m fedlib privacy sensitivity --model {params.model} {params.pruning} --calib {input.calib} "
         "--base-mask {input.base} --replacements {input.replacements} --neighbours {params.neighbours} --blocks {params.blocks} "
@@ -94,8 +96,18 @@ rule privacy_membership:
         population=lambda wc: PRIVACY.population(wc.size),
     output:
         f"{PRIV_BASE}/{{size}}/membership.json",
+    log:
+        f"{LOGS}/privacy/{{size}}/membership.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/membership.tsv"
     wildcard_constraints:
         size="run|full",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["population"]),
+        gpu=MODEL_JOB_GPUS,
     params:
         model=model_folder,
         pruning=PRIVACY.pruning_args(),
@@ -106,16 +118,6 @@ rule privacy_membership:
         epsilons=lambda wc: " ".join(eps_name(e) for e in PRIVACY.membership_epsilons(wc.size)),
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
-    threads: 1
-    resources:
-        mem_mb=job_mem_mb("blocks", tokens=["population"]),
-        gpu=MODEL_JOB_GPUS,
-    conda:
-        "../../envs/fedlib.yaml"
-    log:
-        f"{LOGS}/privacy/{{size}}/membership.log",
-    benchmark:
-        f"{BENCH}/privacy/{{size}}/membership.tsv"
     shell:
         "python -m fedlib privacy membership --model {params.model} {params.pruning} --population {input.population} "
         "--targets {params.targets} --samples {params.samples} --pairs {params.pairs} --blocks {params.blocks} "
@@ -131,8 +133,17 @@ rule privacy_inversion:
         prior=lambda wc: PRIVACY.prior_pool(wc.size),
     output:
         f"{PRIV_BASE}/{{size}}/inversion.json",
+    log:
+        f"{LOGS}/privacy/{{size}}/inversion.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/inversion.tsv"
     wildcard_constraints:
         size="run|full",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["texts", "prior"]),
     params:
         model=model_folder,
         sparsity=lambda wc: PRIVACY.sparsity,
@@ -140,17 +151,10 @@ rule privacy_inversion:
         seed=config["seed"],
         per_length=lambda wc: PRIVACY.of(wc.size, "inversion")["texts"],
         steps=lambda wc: PRIVACY.of(wc.size, "inversion")["steps"],
-        prior=lambda wc: "--use-prior" if PRIVACY.of(wc.size, "inversion")["prior"] and PRIVACY.prior_pool(wc.size) else "",
+        prior=lambda wc: (
+            "--use-prior" if PRIVACY.of(wc.size, "inversion")["prior"] and PRIVACY.prior_pool(wc.size) else ""
+        ),
         tiny=lambda wc: " ".join(str(t) for t in PRIVACY.of(wc.size, "inversion")["tiny"]),
-    threads: 1
-    resources:
-        mem_mb=job_mem_mb("blocks", tokens=["texts", "prior"]),
-    conda:
-        "../../envs/fedlib.yaml"
-    log:
-        f"{LOGS}/privacy/{{size}}/inversion.log",
-    benchmark:
-        f"{BENCH}/privacy/{{size}}/inversion.tsv"
     shell:
         "python -m fedlib privacy inversion --model {params.model} --texts {input.texts} --per-length {params.per_length} "
         "--sparsity {params.sparsity} --group {params.group} --seed {params.seed} --steps {params.steps} "
@@ -167,22 +171,22 @@ rule privacy_rr_aggregate:
     output:
         mask=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.mask.safetensors",
         record=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.record.json",
+    log:
+        f"{LOGS}/privacy/defence/rr{{eps}}_{{group}}.log",
+    benchmark:
+        f"{BENCH}/privacy/defence/rr{{eps}}_{{group}}.tsv"
     wildcard_constraints:
         eps=r"[0-9.]+",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("layers"),
     params:
         model=model_folder,
         sparsity=lambda wc: PRIVACY.sparsity,
         group=lambda wc: group_arg(wc.group),
         seed=config["seed"],
-    threads: 1
-    resources:
-        mem_mb=job_mem_mb("layers"),
-    conda:
-        "../../envs/fedlib.yaml"
-    log:
-        f"{LOGS}/privacy/defence/rr{{eps}}_{{group}}.log",
-    benchmark:
-        f"{BENCH}/privacy/defence/rr{{eps}}_{{group}}.tsv"
     shell:
         "python -m fedlib privacy rr-aggregate --model {params.model} --epsilon {wildcards.eps} --group {params.group} "
         "--sparsity {params.sparsity} --seed {params.seed} --clean-global {input.clean} --threads {threads} "
@@ -197,23 +201,23 @@ rule privacy_defence_eval:
         windows=lambda wc: PRIVACY.defence_windows(wc.size),
     output:
         f"{PRIV_BASE}/{{size}}/defence/rr{{eps}}_{{group}}.eval.json",
-    wildcard_constraints:
-        eps=r"[0-9.]+",
-        size="run|full",
-    params:
-        model=model_folder,
-        batch_size=EVAL.get("batch_size", 1),
-        placement=PLACEMENT_ARGS,
-    threads: 1
-    resources:
-        mem_mb=job_mem_mb("blocks", tokens=["windows"], batch_size=EVAL.get("batch_size", 1), logits=True),
-        gpu=MODEL_JOB_GPUS,
-    conda:
-        "../../envs/fedlib.yaml"
     log:
         f"{LOGS}/privacy/{{size}}/defence/rr{{eps}}_{{group}}.eval.log",
     benchmark:
         f"{BENCH}/privacy/{{size}}/defence/rr{{eps}}_{{group}}.eval.tsv"
+    wildcard_constraints:
+        eps=r"[0-9.]+",
+        size="run|full",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["windows"], batch_size=EVAL.get("batch_size", 1), logits=True),
+        gpu=MODEL_JOB_GPUS,
+    params:
+        model=model_folder,
+        batch_size=EVAL.get("batch_size", 1),
+        placement=PLACEMENT_ARGS,
     shell:
         "python -m fedlib evaluate --model {params.model} --mask {input.mask} --windows {input.windows} "
         "--label rr{wildcards.eps}_{wildcards.group} --batch-size {params.batch_size} {params.placement} --threads {threads} "
@@ -225,19 +229,19 @@ for _size in ("run", "full"):
     rule:
         name:
             f"privacy_report_{_size}"
-        localrule: True
         input:
             PRIVACY.report_inputs(_size),
         output:
             priv_outputs(_size, for_report=True),
-        params:
-            spec=json.dumps(PRIVACY.report_spec(_size)),
-        conda:
-            "../../envs/fedlib.yaml"
         log:
             f"{LOGS}/report/privacy_{_size}.log",
         benchmark:
             f"{BENCH}/report/privacy_{_size}.tsv"
+        localrule: True
+        conda:
+            "../../envs/fedlib.yaml"
+        params:
+            spec=json.dumps(PRIVACY.report_spec(_size)),
         shell:
             "python -m fedlib privacy report --spec {params.spec:q} > {log} 2>&1"
 

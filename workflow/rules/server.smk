@@ -6,19 +6,19 @@ rule aggregate:
         masks=client_masks,
     output:
         f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.mask.safetensors",
+    log:
+        f"{LOGS}/aggregate/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.log",
+    benchmark:
+        f"{BENCH}/aggregate/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.tsv"
+    conda:
+        "../../envs/fedlib.yaml"
+    resources:
+        mem_mb=job_mem_mb("layers"),
     params:
         model=model_folder,
         sparsity=lambda wc: Prune.parse(wc.prune).sparsity,
         group=lambda wc: group_arg(wc.group),
         seed=config["seed"],
-    resources:
-        mem_mb=job_mem_mb("layers"),
-    conda:
-        "../../envs/fedlib.yaml"
-    log:
-        f"{LOGS}/aggregate/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.log",
-    benchmark:
-        f"{BENCH}/aggregate/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.tsv"
     shell:
         "python -m fedlib aggregate --model {params.model} --strategy fedprllm --group {params.group} "
         "--sparsity {params.sparsity} --seed {params.seed} --out {output} {input.masks} > {log} 2>&1"
@@ -33,8 +33,18 @@ rule iterative:
     output:
         mask=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.mask.safetensors",
         record=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.rounds.json",
+    log:
+        f"{LOGS}/iterative/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.log",
+    benchmark:
+        f"{BENCH}/iterative/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.tsv"
     wildcard_constraints:
         run=r"iterative|iterative-scaled",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: config.get("threads", 2)
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["calib"]),
+        gpu=MODEL_JOB_GPUS,
     params:
         model=model_folder,
         pruning=lambda wc: mask_args(wc, group_flag="--local-group"),
@@ -43,16 +53,6 @@ rule iterative:
         seed=config["seed"],
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
-    threads: config.get("threads", 2)
-    resources:
-        mem_mb=job_mem_mb("blocks", tokens=["calib"]),
-        gpu=MODEL_JOB_GPUS,
-    conda:
-        "../../envs/fedlib.yaml"
-    log:
-        f"{LOGS}/iterative/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.log",
-    benchmark:
-        f"{BENCH}/iterative/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.tsv"
     shell:
         "python -m fedlib iterative --model {params.model} --calib {input.calib} {params.pruning} "
         "--server-group {params.group} {params.scale} --seed {params.seed} --batch-size {params.batch_size} "
@@ -75,6 +75,16 @@ rule fedspallm:
             temp(f"{RESULTS}/fedspallm/{{calib}}/{{split}}/{{prune}}/{label}.weights.safetensors")
             for label in CATALOG.fedspallm_standalone()
         ],
+    log:
+        f"{LOGS}/fedspallm/{{calib}}/{{split}}/{{prune}}.log",
+    benchmark:
+        f"{BENCH}/fedspallm/{{calib}}/{{split}}/{{prune}}.tsv"
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: config.get("threads", 2)
+    resources:
+        mem_mb=job_mem_mb("blocks+weights", tokens=["calib"]),
+        gpu=MODEL_JOB_GPUS,
     params:
         model=model_folder,
         args=lambda wc: CATALOG.fedspallm_args(wc.split, wc.prune),
@@ -82,16 +92,6 @@ rule fedspallm:
         seed=config["seed"],
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
-    threads: config.get("threads", 2)
-    resources:
-        mem_mb=job_mem_mb("blocks+weights", tokens=["calib"]),
-        gpu=MODEL_JOB_GPUS,
-    conda:
-        "../../envs/fedlib.yaml"
-    log:
-        f"{LOGS}/fedspallm/{{calib}}/{{split}}/{{prune}}.log",
-    benchmark:
-        f"{BENCH}/fedspallm/{{calib}}/{{split}}/{{prune}}.tsv"
     shell:
         "python -m fedlib fedspallm --model {params.model} --calib {input.calib} {params.args} "
         "--seed {params.seed} --batch-size {params.batch_size} "
@@ -105,19 +105,19 @@ rule random_mask:
         model=MODEL_READY,
     output:
         f"{RESULTS}/random/{{sparsity}}.mask.safetensors",
-    wildcard_constraints:
-        sparsity=r"[0-9.]+",
-    params:
-        model=model_folder,
-        seed=config["seed"],
-    resources:
-        mem_mb=job_mem_mb("layers"),
-    conda:
-        "../../envs/fedlib.yaml"
     log:
         f"{LOGS}/random_mask/{{sparsity}}.log",
     benchmark:
         f"{BENCH}/random_mask/{{sparsity}}.tsv"
+    wildcard_constraints:
+        sparsity=r"[0-9.]+",
+    conda:
+        "../../envs/fedlib.yaml"
+    resources:
+        mem_mb=job_mem_mb("layers"),
+    params:
+        model=model_folder,
+        seed=config["seed"],
     shell:
         "python -m fedlib random-mask --model {params.model} --sparsity {wildcards.sparsity} --seed {params.seed} "
         "--out {output} > {log} 2>&1"

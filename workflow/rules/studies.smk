@@ -5,21 +5,21 @@ for _name, _spec in STUDY_SPECS.items():
     rule:
         name:
             f"study_{_name}"
-        localrule: True
         input:
             table_inputs(_spec()),
         output:
             md=f"{REPORTS}/{_name}.md",
             csv=f"{REPORTS}/{_name}.csv",
             html=report(f"{REPORTS}/{_name}.html", caption=study_caption(_name), category=CATALOG.study_category(_name)),
-        params:
-            spec=json.dumps(_spec()),
-        conda:
-            "../../envs/fedlib.yaml"
         log:
             f"{LOGS}/report/{_name}.log",
         benchmark:
             f"{BENCH}/report/{_name}.tsv"
+        localrule: True
+        conda:
+            "../../envs/fedlib.yaml"
+        params:
+            spec=json.dumps(_spec()),
         shell:
             "python -m fedlib report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
             "--out-html {output.html} > {log} 2>&1"
@@ -30,19 +30,19 @@ for _name, _spec in STUDY_PLOTS.items():
     rule:
         name:
             f"plot_{_name}"
-        localrule: True
         input:
             plot_inputs(_spec()),
         output:
             report(f"{REPORTS}/{_name}.png", caption=study_caption(f"{_name}_plot", "plot"), category="Sweeps"),
-        params:
-            spec=json.dumps(_spec()),
-        conda:
-            "../../envs/fedlib.yaml"
         log:
             f"{LOGS}/report/{_name}_plot.log",
         benchmark:
             f"{BENCH}/report/{_name}_plot.tsv"
+        localrule: True
+        conda:
+            "../../envs/fedlib.yaml"
+        params:
+            spec=json.dumps(_spec()),
         shell:
             "python -m fedlib plot --spec {params.spec:q} --out {output} > {log} 2>&1"
 
