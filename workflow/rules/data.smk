@@ -1,4 +1,5 @@
 rule calibration_pool:
+    """All calibration samples of a setting (seeded random windows); Centralized uses them all."""
     input:
         model=MODEL_READY,
     output:
@@ -7,7 +8,6 @@ rule calibration_pool:
         f"{LOGS}/calibration_pool/{{calib}}.log",
     benchmark:
         f"{BENCH}/calibration_pool/{{calib}}.tsv"
-    """All calibration samples of a setting (seeded random windows); Centralized uses them all."""
     localrule: True
     conda:
         "../../envs/fedlib.yaml"
@@ -26,6 +26,7 @@ rule calibration_pool:
 
 
 rule client_data:
+    """One client's private calibration shard."""
     input:
         f"{RESULTS}/pools/{{calib}}.safetensors",
     output:
@@ -34,7 +35,6 @@ rule client_data:
         f"{LOGS}/client_data/{{calib}}/{{split}}/{{client}}.log",
     benchmark:
         f"{BENCH}/client_data/{{calib}}/{{split}}/{{client}}.tsv"
-    """One client's private calibration shard."""
     localrule: True
     conda:
         "../../envs/fedlib.yaml"

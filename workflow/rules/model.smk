@@ -1,4 +1,6 @@
 rule materialize_model:
+    """The model as a safetensors folder, once. Runs on the submit host: it may download from
+    the hub, which cluster nodes often cannot reach."""
     output:
         config=f"resources/models/{{model}}/config.json",
         weights=f"resources/models/{{model}}/model.safetensors",
@@ -6,8 +8,6 @@ rule materialize_model:
         f"{LOGS}/materialize_model/{{model}}.log",
     benchmark:
         f"{BENCH}/materialize_model/{{model}}.tsv"
-    """The model as a safetensors folder, once. Runs on the submit host: it may download from
-    the hub, which cluster nodes often cannot reach."""
     localrule: True
     conda:
         "../../envs/fedlib.yaml"

@@ -1,4 +1,5 @@
 rule table1:
+    """FedPrLLM Table 1 analogue (Markdown + CSV) for the default setting."""
     input:
         table_inputs(CATALOG.table1()),
     output:
@@ -9,7 +10,6 @@ rule table1:
         f"{LOGS}/report/table1.log",
     benchmark:
         f"{BENCH}/report/table1.tsv"
-    """FedPrLLM Table 1 analogue (Markdown + CSV) for the default setting."""
     localrule: True
     conda:
         "../../envs/fedlib.yaml"
