@@ -114,3 +114,30 @@ def test_unknown_architecture_and_method(model):
         prunable_layers(model)
     with pytest.raises(ValueError, match="unknown pruning method"):
         get_method("nope")
+
+
+def test_a_method_plugs_in_through_the_declared_points(model):
+    """A new method is a class: its allocate_block ratios reach the masks, with no registry
+    entry and no change to the loop (checked against counts computed here)."""
+    from fedlib.client import prune_locally
+    from fedlib.groups import pruned_count
+    from fedlib.methods import LayerPruner
+
+    class FirstLayerHeavier(LayerPruner):
+        name = "first_layer_heavier"
+        allocation = "nonuniform"
+
+        def scores(self):
+            return self.layer.weight.detach().abs().float()
+
+        @classmethod
+        def allocate_block(cls, step, client, pruners, sparsity, group, seed, options):
+            names = list(pruners)
+            return {n: (0.75 if i == 0 else sparsity) for i, n in enumerate(names)}
+
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(0))
+    result = prune_locally(model, ids, FirstLayerHeavier, 0.5, "layer", seed=0)
+    firsts = {name for name in result.masks if name.endswith("q_proj")}
+    for name, mask in result.masks.items():
+        expected = pruned_count(mask.numel(), 0.75 if name in firsts else 0.5)
+        assert int(mask.sum()) == expected, name
