@@ -304,8 +304,7 @@ def one_shot_prune(
         raise ValueError("one-shot pruning needs at least one client")
     handle = ModelHandle.of(model)
     factory = get_method(method)
-    strategy = _fedprllm(server_group, sparsity, seed, "one-shot", None, hook)
-    plan = strategy.configure_round(0, n, handle.n_blocks)  # one round: every client, every block
+    strategy = _fedprllm(server_group, sparsity, seed, "one-shot", None, hook)  # one round, every block
     layers = handle.layers()
     aggregators = _aggregators(strategy, layers, n, factory.allocation)
     record = communication_cost(layers, n, "one-shot").rounds[0]
@@ -319,7 +318,7 @@ def one_shot_prune(
         start = time.perf_counter()
         local = prune_locally(handle, ids, factory, sparsity, local_group, seed, batch_size, method_options,
                               on_block=add if kept is None else None, placement=placement,
-                              blocks=len(plan.blocks[c]), keep=kept is not None)
+                              keep=kept is not None)
         if kept is not None:
             add(-1, local)
             kept.append(local.masks)
@@ -491,6 +490,7 @@ def fedspallm_prune(
     n_blocks = len(by_block)
     plans = [strategy.configure_round(t, n, n_blocks) for t in range(strategy.n_rounds(n_blocks))]
     uncovered = uncovered_blocks([plan.blocks for plan in plans], n_blocks)
+    by_name = {info.name: info for info in infos}
     if uncovered and not allow_uncovered:
         raise ValueError(
             f"blocks {uncovered} are sampled by no client in {strategy.rounds} round(s) and would stay dense; "
@@ -513,7 +513,6 @@ def fedspallm_prune(
             rec.bytes_up += sum(n * wbytes + packed_bytes(n) for _, n in sizes)
             # a block still dense is in the client's cached model: only aggregated ones are sent
             rec.bytes_down += sum(n * wbytes + packed_bytes(n) for name, n in sizes if name in gweights)
-        by_name = {info.name: info for info in infos}
 
         def stream(client: int, index: int, decision: BlockDecision, t=t, accs=accs, senders=senders) -> None:
             for name, mask in decision.masks.items():
