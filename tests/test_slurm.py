@@ -15,10 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from fedlib.jobsize import host_mem_mb, tokens_in
-from test_workflow import REPO, tiny_config, without_venv_path
+from test_workflow import REPO, copy_test_dir, load_test_config, without_venv_path
 
 pytestmark = pytest.mark.slurm
 
@@ -52,11 +51,11 @@ def _mib(value: str) -> float:
     return float(number) * {"": 2**-20, "K": 2**-10, "M": 1, "G": 2**10, "T": 2**20}[unit]
 
 
-def test_tiny_workflow_on_slurm(tmp_path, tiny_model_dir, data_dir):
+def test_tiny_workflow_on_slurm(tmp_path):
     if not (shutil.which("sbatch") and shutil.which("sacct")):
         pytest.fail("no Slurm here (sbatch/sacct not on PATH): run `make test-slurm`, which brings one up")
-    config = tiny_config(tiny_model_dir, data_dir)
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    copy_test_dir(tmp_path)
+    config = load_test_config()
     env = without_venv_path()
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
@@ -94,6 +93,6 @@ def test_tiny_workflow_on_slurm(tmp_path, tiny_model_dir, data_dir):
 
     # the request of client 0's mask job, computed here from the model and its shard
     shard = tmp_path / "results" / "shards" / "c4-3x32" / "iid-3" / "client_0.safetensors"
-    expected = host_mem_mb(tiny_model_dir, "blocks", "float32", tokens_in([shard]), config["pruning"]["batch_size"])
+    expected = host_mem_mb(tmp_path / config["model"]["name"], "blocks", "float32", tokens_in([shard]), config["pruning"]["batch_size"])
     client0 = [j for j in rules["client_mask"] if Path(j["log"]).parent.name.endswith("_0")]
     assert [_mib(j["ReqMem"]) for j in client0] == [expected], (client0, expected)

@@ -1,9 +1,10 @@
-"""The Snakemake workflow end to end on a tiny config: dry run, real run, no-op rerun,
-and that only the stages a change affects rerun."""
+"""The Snakemake workflow end to end on .test/ (its config, tiny model and data slices): dry
+run, real run, no-op rerun, and that only the stages a change affects rerun."""
 
 import csv
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,26 +18,28 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.workflow
 
 
-def tiny_config(model_dir, data_dir, windows=2):
-    return {
-        "seed": 0, "threads": 1, "data_dir": str(data_dir),
-        "model": {"name": str(model_dir)},
-        "calibration": {"dataset": "c4", "nsamples": 3, "seqlen": 32, "c4_docs": [0, 50]},
-        "clients": {"n": 3, "partition": "iid"},
-        "pruning": {"method": "wanda", "sparsity": 0.5, "local_group": "row", "batch_size": 8},
-        "server": {"groups": ["layer", "column"], "scaling": [False, True]},
-        "baselines": {"local_only_clients": 1},
-        "evaluation": {"datasets": ["wikitext2", "c4", "ptb"], "seqlen": 32, "windows": windows,
-                       "c4_docs": [800, 820], "batch_size": 1},
-        "zeroshot": {"tasks": ["rte", "arc_easy"], "limit": 2, "batch_size": 8,
-                     "run_rows": ["dense", "centralized", "fedprllm_noscale"]},
-        # the reduced privacy audit of rule all, at a size that costs seconds
-        "privacy": {"sensitivity": {"neighbours": 1},
-                    "membership": {"targets": 4, "pairs": 2, "blocks": 1, "seqlen": 8, "population": 8,
-                                   "epsilons": [2]},
-                    "inversion": {"tokens": [3], "steps": 10, "prior_samples": 0, "tiny": [1]},
-                    "defence": {"epsilons": [1], "group": "layer", "datasets": ["wikitext2"]}},
-    }
+TEST_DIR = REPO / ".test"  # the test config and the tiny model and data it runs on
+COPY_IGNORE = shutil.ignore_patterns("results", "reports", "resources", "logs", ".snakemake")
+
+
+def load_test_config(**sections) -> dict:
+    """.test/config.yaml with some keys of its sections changed (``evaluation={"windows": 3}``)."""
+    config = yaml.safe_load((TEST_DIR / "config.yaml").read_text())
+    for section, changes in sections.items():
+        config[section].update(changes)
+    return config
+
+
+def write_config(dest: Path, config: dict) -> None:
+    """.test/ at ``dest`` with ``config`` as its config.yaml."""
+    copy_test_dir(dest)
+    (dest / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def copy_test_dir(dest: Path) -> Path:
+    """.test/ copied to ``dest``: the workflow writes its results beside the config it runs."""
+    shutil.copytree(TEST_DIR, dest, ignore=COPY_IGNORE, dirs_exist_ok=True)
+    return dest
 
 
 def without_venv_path() -> dict:
@@ -66,10 +69,8 @@ def planned_jobs(output):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, tiny_model_dir, data_dir):
-    work = tmp_path_factory.mktemp("workflow")
-    (work / "config.yaml").write_text(yaml.safe_dump(tiny_config(tiny_model_dir, data_dir)))
-    return work
+def workdir(tmp_path_factory):
+    return copy_test_dir(tmp_path_factory.mktemp("workflow"))
 
 
 def test_dry_run_plans_every_stage(workdir):
@@ -85,7 +86,7 @@ def test_dry_run_plans_every_stage(workdir):
     assert jobs["zeroshot_dense"] == 1 and jobs["zeroshot"] == 1 + 2 and jobs["study_table12_run"] == 1
 
 
-def test_real_run_then_reruns_only_what_changed(workdir, tiny_model_dir, data_dir):
+def test_real_run_then_reruns_only_what_changed(workdir):
     snakemake(workdir, "--configfile", "config.yaml")
     rows = list(csv.reader((workdir / "reports" / "table1.csv").open()))
     assert rows[0][:4] == ["Method", "Comparison group", "Pruning strategy", "Weight scaling"]
@@ -96,9 +97,9 @@ def test_real_run_then_reruns_only_what_changed(workdir, tiny_model_dir, data_di
         for value in row[4:]:
             assert float(value.split(" ")[0]) > 1.0
     markdown = (workdir / "reports" / "table1.md").read_text()
-    assert str(tiny_model_dir) in markdown and "held-out documents" in markdown
+    assert "./model (fingerprint" in markdown and "held-out documents" in markdown
     for name in ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence"):
-        assert str(tiny_model_dir) in (workdir / "reports" / f"privacy_{name}.md").read_text(), name
+        assert "./model" in (workdir / "reports" / f"privacy_{name}.md").read_text(), name
     assert (workdir / "reports" / "privacy_defence.png").stat().st_size > 0
     zeroshot = list(csv.reader((workdir / "reports" / "table12_run.csv").open()))
     assert zeroshot[0][4:] == ["RTE", "ARC-e", "Mean"]
@@ -129,7 +130,7 @@ def test_real_run_then_reruns_only_what_changed(workdir, tiny_model_dir, data_di
     assert "privacy_membership.html" in report and "privacy_defence.png" in report and '"Privacy"' in report
 
     # an evaluation setting changes: evaluation reruns, no mask is recomputed
-    (workdir / "config_eval.yaml").write_text(yaml.safe_dump(tiny_config(tiny_model_dir, data_dir, windows=3)))
+    (workdir / "config_eval.yaml").write_text(yaml.safe_dump(load_test_config(evaluation={"windows": 3})))
     jobs = planned_jobs(snakemake(workdir, "--configfile", "config_eval.yaml", "-n"))
     assert jobs.get("evaluate_perplexity") == 6 and jobs.get("evaluate_dense") == 1
     assert "client_mask" not in jobs and "centralized_mask" not in jobs and "aggregate" not in jobs
@@ -167,22 +168,22 @@ def test_html_report_renders_in_a_browser(workdir):
     assert "reports/privacy_membership.html:" in proc.stdout and "reports/privacy_defence.png:" in proc.stdout
 
 
-def test_invalid_config_is_rejected(tmp_path, tiny_model_dir, data_dir):
-    config = tiny_config(tiny_model_dir, data_dir)
+def test_invalid_config_is_rejected(tmp_path):
+    config = load_test_config()
     config["pruning"]["sparsity"] = 1.5
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    write_config(tmp_path, config)
     with pytest.raises(AssertionError, match="sparsity"):
         snakemake(tmp_path, "--configfile", "config.yaml", "-n")
 
 
-def test_named_study_targets_plan(tmp_path, tiny_model_dir, data_dir):
+def test_named_study_targets_plan(tmp_path):
     """Every named study target resolves to a complete DAG on a tiny config."""
-    config = tiny_config(tiny_model_dir, data_dir)
+    config = load_test_config()
     config["studies"] = {"local_groups": ["layer"], "sparsities": [0.6], "methods": ["sparsegpt", "owl"],
                          "clients_sweep": [1, 3], "samples_sweep": [2, 4],
                          "noniid": {"per_dataset": 2, "clients": 3, "alpha": 5},
                          "fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 1}}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    write_config(tmp_path, config)
     targets = ["table1_full", "table2", "table4", "table5", "table6", "table10", "table11", "table14",
                "figure2", "figure3", "fedspallm2", "table12", "table13"]
     jobs = planned_jobs(snakemake(tmp_path, *targets, "--configfile", str(tmp_path / "config.yaml"), "-n"))
@@ -194,34 +195,34 @@ def test_named_study_targets_plan(tmp_path, tiny_model_dir, data_dir):
     assert jobs["zeroshot_dense"] == 1 and jobs["zeroshot"] == (1 + 1 + 4) + (1 + 1 + 3)
 
 
-def test_workflow_passes_snakemake_lint(tmp_path, tiny_model_dir, data_dir):
+def test_workflow_passes_snakemake_lint(tmp_path):
     """The catalog's conventions (log on every rule, no hard-coded prefixes, functions out of rule files)."""
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_config(tiny_model_dir, data_dir)))
+    copy_test_dir(tmp_path)
     out = snakemake(tmp_path, "--configfile", "config.yaml", "--lint")
     assert "Lints for" not in out, out
 
 
-def test_fedspallm_samples_per_client_sets_the_pool(tmp_path, tiny_model_dir, data_dir):
+def test_fedspallm_samples_per_client_sets_the_pool(tmp_path):
     """studies.fedspallm.samples_per_client gives every client that many samples (the paper's
     setting) instead of splitting calibration.nsamples."""
-    config = tiny_config(tiny_model_dir, data_dir)
+    config = load_test_config()
     config["studies"] = {"fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1,
                                        "samples_per_client": 5}}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    write_config(tmp_path, config)
     out = snakemake(tmp_path, "fedspallm2", "--configfile", str(tmp_path / "config.yaml"), "-n", "-p")
     seqlen = config["calibration"]["seqlen"]
     assert f"results/pools/c4-10x{seqlen}.safetensors" in out
     assert "--nsamples 10 " in out and "/iid-2/sparsegpt_update-0.5-layer/fedspallm.json" in out
 
 
-def test_method_options_and_fedspallm_layer_sampling_reach_the_commands(tmp_path, tiny_model_dir, data_dir):
+def test_method_options_and_fedspallm_layer_sampling_reach_the_commands(tmp_path):
     """pruning.method_options goes to every job pruning with the method it names (nothing else
     changes); studies.fedspallm.resources turns on layer sampling, without Standalone models."""
-    config = tiny_config(tiny_model_dir, data_dir)
+    config = load_test_config()
     config["pruning"]["method_options"] = {"wanda": {"note": "it's"}, "sparsegpt_update": {"blocksize": 16}}
     config["studies"] = {"fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 2,
                                        "resources": [0.5, 1]}}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    write_config(tmp_path, config)
     out = snakemake(tmp_path, "fedspallm2", "table1", "privacy", "--configfile", str(tmp_path / "config.yaml"), "-n", "-p")
     commands = [line for line in out.splitlines() if "python -m fedlib " in line]
     wanda = "--method-options '{\"note\": \"it'\\''s\"}'"
@@ -239,13 +240,30 @@ def test_method_options_and_fedspallm_layer_sampling_reach_the_commands(tmp_path
     (("studies", "fedspallm", "resources"), [0.5, 0.5, 0.5], "3 per-client fractions"),
     (("pruning", "method_options"), {"owl": 0.08}, "method_options"),
 ])
-def test_invalid_options_are_rejected(tmp_path, tiny_model_dir, data_dir, where, value, message):
-    config = tiny_config(tiny_model_dir, data_dir)
+def test_invalid_options_are_rejected(tmp_path, where, value, message):
+    config = load_test_config()
     config.setdefault("studies", {"fedspallm": {"clients": [2]}})
     section = config
     for key in where[:-1]:
         section = section[key]
     section[where[-1]] = value
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    write_config(tmp_path, config)
     with pytest.raises(AssertionError, match=message):
         snakemake(tmp_path, "--configfile", "config.yaml", "-n")
+
+
+def test_test_fixture_is_what_its_script_writes(tmp_path):
+    """.test/data holds the first lines of the mirror's files, and .test/model is the seeded tiny
+    model: both equal a fresh run of tools/make_test_fixture.py."""
+    from safetensors.torch import load_file
+
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_test_fixture.py"), "--out", str(tmp_path)],
+                   check=True, capture_output=True)
+    for path in sorted((tmp_path / "data").rglob("*")):
+        if path.is_file():
+            committed = TEST_DIR / "data" / path.relative_to(tmp_path / "data")
+            assert committed.read_bytes() == path.read_bytes(), committed
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (TEST_DIR / "model" / name).read_text() == (tmp_path / "model" / name).read_text(), name
+    fresh, committed = load_file(tmp_path / "model" / "model.safetensors"), load_file(TEST_DIR / "model" / "model.safetensors")
+    assert fresh.keys() == committed.keys() and all(fresh[k].equal(committed[k]) for k in fresh)
