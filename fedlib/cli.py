@@ -101,10 +101,10 @@ def cmd_client_data(args) -> None:
 
 
 def cmd_client_mask(args) -> None:
+    from fedlib.client import prune_locally
     from fedlib.data import load_tokens
     from fedlib.maskfile import MaskWriter
     from fedlib.methods import method_allocation
-    from fedlib.client import prune_locally
 
     start = time.perf_counter()
     handle, placement = open_placed(args)
@@ -113,20 +113,61 @@ def cmd_client_mask(args) -> None:
         ids, _ = load_tokens(Path(args.calib))
     options = json.loads(args.method_options) if args.method_options else None
     layers = handle.layers()
+    if args.round is not None:
+        layers = [info for info in layers if info.block == args.round]
+        if not layers:
+            raise ValueError(f"--round {args.round}: the model has blocks 0..{handle.n_blocks - 1}")
+    elif args.global_masks or args.scale:
+        raise ValueError("--global-masks and --scale belong to a round of iterative FedPrLLM (give --round)")
     with MaskWriter(
         Path(args.out), layers, fingerprint=handle.fingerprint(), role="client", client_id=args.client_id,
         method=args.method, group=args.group, sparsity=args.sparsity,
         allocation=method_allocation(args.method), n_samples=0 if ids is None else ids.shape[0],
         seed=args.seed, extra={"method_options": json.dumps(options or {}), "dtype": args.dtype},
     ) as writer:
-        # masks go to the file block by block: a 7B client never holds all of them
         opened = time.perf_counter()
-        prune_locally(handle, ids, args.method, args.sparsity, args.group, args.seed,
-                      batch_size=args.batch_size, method_options=options, placement=placement, keep=False,
-                      on_block=lambda _i, decision: [writer.add(n, m) for n, m in decision.masks.items()])
+        if args.round is None:
+            # masks go to the file block by block: a 7B client never holds all of them
+            prune_locally(handle, ids, args.method, args.sparsity, args.group, args.seed,
+                          batch_size=args.batch_size, method_options=options, placement=placement, keep=False,
+                          on_block=lambda _i, decision: [writer.add(n, m) for n, m in decision.masks.items()])
+        else:
+            _iterative_client_round(args, handle, ids, options, placement, writer)
     done = time.perf_counter()
+    blocks = handle.n_blocks if args.round is None else args.round + 1
     print(f"wrote {args.out} ({args.method}, {args.group}, {args.sparsity}) on {placement.label} "
-          f"in {done - start:.1f}s ({(done - opened) / handle.n_blocks:.2f}s per block)")
+          f"in {done - start:.1f}s ({(done - opened) / blocks:.2f}s per block)")
+
+
+def _iterative_client_round(args, handle, ids, options, placement, writer) -> None:
+    """Round ``args.round`` of iterative FedPrLLM: block ``round``'s masks, its input through
+    the global masks (and, with ``--scale``, the scale factors) of the earlier blocks."""
+    from fedlib.federation import iterative_client
+    from fedlib.maskfile import MaskFile, MaskFileError
+    from fedlib.server.fedprllm import scale_factors
+
+    settled = [info for info in handle.layers() if info.block < args.round]
+    global_masks, factors = {}, {}
+    if settled:
+        if not args.global_masks:
+            raise ValueError(f"--round {args.round}: give --global-masks, the server's file of rounds "
+                             f"0..{args.round - 1}")
+        current = MaskFile(Path(args.global_masks), handle.fingerprint(), settled, whole_model=False)
+        if current.header.role != "global":
+            raise MaskFileError(args.global_masks, "role", f"expected 'global', got {current.header.role!r}")
+        global_masks = current.masks()
+        if args.scale:
+            if not current.has_votes():
+                raise MaskFileError(args.global_masks, "votes", "--scale needs the global file's vote counts")
+            factors = {info.name: scale_factors(current.layer_votes(info.name), current.header.n_clients)
+                       for info in settled}
+    elif args.global_masks:
+        raise ValueError("--round 0 starts from the dense model: no --global-masks")
+    masks = iterative_client(handle, ids, args.round, args.method, args.sparsity, args.group, args.seed,
+                             args.batch_size, global_masks=global_masks, factors=factors,
+                             method_options=options, placement=placement)
+    for name, mask in masks.items():
+        writer.add(name, mask)
 
 
 #: server options that belong to one strategy only (None = not given); the rest are shared
@@ -165,6 +206,8 @@ def add_strategy_arguments(p) -> None:
     p.add_argument("--resources", type=float, nargs="+",
                    help="fedspallm: per client, the fraction of the blocks it prunes per round (layer sampling)")
     p.add_argument("--sampler", choices=["cyclic", "independent"], help="fedspallm: layer sampler")
+    p.add_argument("--mode", choices=["one-shot", "iterative"],
+                   help="fedprllm: one round over every block (default), or one round per block")
 
 
 def cmd_configure(args) -> None:
@@ -235,6 +278,7 @@ def cmd_iterative(args) -> None:
     from fedlib.federation import iterative_prune
     from fedlib.maskfile import MaskWriter
     from fedlib.methods import method_allocation
+    from fedlib.server.fedprllm import FedPrLLM
 
     start = time.perf_counter()
     handle, placement = open_placed(args)
@@ -242,7 +286,7 @@ def cmd_iterative(args) -> None:
     options = json.loads(args.method_options) if args.method_options else None
     with MaskWriter(
         Path(args.out), handle.layers(), fingerprint=handle.fingerprint(), role="global", client_id="server",
-        method=f"fedprllm-iterative[{args.method}]", group=args.server_group, sparsity=args.sparsity,
+        method=FedPrLLM(mode="iterative").global_method(args.method), group=args.server_group, sparsity=args.sparsity,
         allocation=method_allocation(args.method), n_samples=sum(c.shape[0] for c in clients),
         seed=args.seed, n_clients=len(clients), votes=True,
     ) as writer:
@@ -441,6 +485,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--client-id", default="0")
     p.add_argument("--method-options", help='JSON of method options, e.g. \'{"lam": 0.08}\' for OWL')
+    p.add_argument("--round", type=int,
+                   help="iterative FedPrLLM: mask only this block, its input through the global masks of the "
+                        "blocks before it (--global-masks); default: every block (one-shot)")
+    p.add_argument("--global-masks", help="iterative FedPrLLM: the server's global file of rounds 0..round-1")
+    p.add_argument("--scale", action="store_true",
+                   help="iterative FedPrLLM: the federation scales weights, so continue from the scaled blocks")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
     add_placement_arguments(p)
@@ -450,7 +500,6 @@ def build_parser() -> argparse.ArgumentParser:
              "server: what each client prunes and sends in a round (JSON: blocks per client)")
     p.add_argument("--model", required=True, help="model folder (only its number of blocks is read)")
     add_strategy_arguments(p)
-    p.add_argument("--mode", choices=["one-shot", "iterative"], help="fedprllm: one round, or one per block")
     p.add_argument("--clients", type=int, required=True)
     p.add_argument("--round", type=int, default=0)
     p.add_argument("--out", help="also write the plan here")
@@ -460,9 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     add_strategy_arguments(p)
     p.add_argument("--rounding", choices=["ceil", "floor"], help="fedspallm: expansion target, Eq. 7 (ceil)")
-    p.add_argument("--previous", help="fedspallm: last round's global weight file (layers no upload covers)")
+    p.add_argument("--previous", help="the global file of the earlier rounds (fedspallm: its weight file, for "
+                                      "layers no upload covers; fedprllm iterative: the masks of blocks < round)")
     p.add_argument("--round", type=int,
-                   help="fedspallm: the round aggregated; every upload must say it")
+                   help="the round aggregated (fedspallm: every upload must say it; fedprllm iterative: the block)")
     p.add_argument("--out", required=True)
     p.add_argument("masks", nargs="+", help="client files")
 

@@ -55,7 +55,7 @@ from torch import nn
 from fedlib.methods import get_method
 from fedlib.models import LayerInfo, ModelHandle
 from fedlib.client import block_sparsity, decide_block, plan_sparsity, prune_locally
-from fedlib.runner import CPU, BlockDecision, BlockRunner, Placement
+from fedlib.runner import CPU, BlockDecision, BlockRunner, BlockStep, Placement
 from fedlib.server.fedprllm import FedPrLLM, VoteHook, scale_factors
 from fedlib.server.fedspallm import FedSpaLLM, uncovered_blocks
 from fedlib.server.strategy import LayerAggregator
@@ -247,17 +247,12 @@ def iterative_prune(
             if index not in plan.blocks[c]:
                 continue
             start = time.perf_counter()
-            pruners = {name: factory(linear, name, **options) for name, linear in step.linears.items()}
-            ratios = client_sparsity[c]
-            if runner.n_clients:
-                step.collect(c, pruners)
-                ratios = block_sparsity(factory, step, c, pruners, ratios, local_group, seed, options)
-            decision = decide_block(pruners, ratios, local_group, seed)
-            del pruners
-            for name, mask in decision.masks.items():
+            masks = _client_block_masks(factory, step, c if runner.n_clients else None, client_sparsity[c],
+                                        local_group, seed, options)
+            for name, mask in masks.items():
                 layers[name].add(str(c), mask)
             if kept_masks is not None:
-                kept_masks.append(decision.masks)
+                kept_masks.append(masks)
             t_clients += time.perf_counter() - start
         start = time.perf_counter()
         outcome = {name: layer.finish() for name, layer in layers.items()}
@@ -280,6 +275,62 @@ def iterative_prune(
         if on_round is not None:
             on_round(record, global_masks, votes)
     return result
+
+
+def _client_block_masks(factory, step: BlockStep, client: int | None, ratios, local_group: str, seed: int,
+                        options: Mapping) -> dict[str, torch.Tensor]:
+    """A client's local masks of the block in ``step`` in iterative FedPrLLM (``client``: its
+    activations on the runner; None for a method without calibration data)."""
+    pruners = {name: factory(linear, name, **options) for name, linear in step.linears.items()}
+    if client is not None:
+        step.collect(client, pruners)
+        ratios = block_sparsity(factory, step, client, pruners, ratios, local_group, seed, options)
+    return decide_block(pruners, ratios, local_group, seed).masks
+
+
+def iterative_client(
+    model: nn.Module | ModelHandle,
+    input_ids: torch.Tensor | None,
+    round_index: int,
+    method: str,
+    sparsity: float | Mapping[str, float],
+    local_group: str,
+    seed: int,
+    batch_size: int = 8,
+    *,
+    global_masks: Mapping[str, torch.Tensor],
+    factors: Mapping[str, torch.Tensor] | None = None,
+    method_options: Mapping | None = None,
+    placement: Placement = CPU,
+) -> dict[str, torch.Tensor]:
+    """One client's round ``l`` of iterative FedPrLLM from files: its activations go through
+    blocks ``0..l-1`` under the server's ``global_masks`` (times ``factors`` when the federation
+    scales), then it decides block ``l``'s local masks. The same per-client computation as
+    :func:`iterative_prune` (which carries every client at once), so a federation of files
+    gives the same global masks bit for bit. Stateless: each round replays the earlier blocks
+    (``l`` block passes) rather than keep activations between rounds."""
+    handle = ModelHandle.of(model)
+    if not 0 <= round_index < handle.n_blocks:
+        raise ValueError(f"round {round_index}: the model has blocks 0..{handle.n_blocks - 1}")
+    factory = get_method(method)
+    options = dict(method_options or {})
+    ratios, inputs = sparsity, []
+    if factory.needs_calibration:
+        if input_ids is None:
+            raise ValueError(f"method {method!r} needs calibration data")
+        ratios = plan_sparsity(factory, handle, input_ids, sparsity, local_group, options, batch_size, placement)
+        inputs = [input_ids]
+    runner = BlockRunner(handle, inputs, placement, batch_size)
+    for step in runner.steps(limit=round_index + 1):
+        if step.index == round_index:
+            return _client_block_masks(factory, step, 0 if inputs else None, ratios, local_group, seed, options)
+        if inputs:
+            missing = sorted(set(step.linears) - set(global_masks))
+            if missing:
+                raise ValueError(f"round {round_index}: no global mask for {missing[0]} (block {step.index})")
+            step.propagate(0, BlockDecision(masks={n: global_masks[n] for n in step.linears},
+                                            factors={n: factors[n] for n in step.linears} if factors else {}))
+    raise AssertionError("unreachable: the runner stops after block round_index")
 
 
 def one_shot_prune(

@@ -214,8 +214,11 @@ def read_header(
     path: Path,
     expected_fingerprint: str | None = None,
     expected_layers: Sequence[LayerInfo] | None = None,
+    whole_model: bool = True,
 ) -> MaskHeader:
-    """Parse and check a mask file's metadata (no bits are read)."""
+    """Parse and check a mask file's metadata (no bits are read). ``whole_model=False``: the
+    file holds some blocks of the model (a round of iterative FedPrLLM), so a non-uniform
+    allocation need not meet the sparsity budget over them."""
     path = Path(path)
     if not path.is_file():
         raise MaskFileError(path, "file", "not found")
@@ -253,11 +256,11 @@ def read_header(
         layers=layers,
         extra={k[2:]: v for k, v in meta.items() if k.startswith("x_")},
     )
-    _check_header(header, keys, expected_fingerprint, expected_layers)
+    _check_header(header, keys, expected_fingerprint, expected_layers, whole_model)
     return header
 
 
-def _check_header(header: MaskHeader, keys: set, fingerprint, expected_layers) -> None:
+def _check_header(header: MaskHeader, keys: set, fingerprint, expected_layers, whole_model: bool) -> None:
     path = header.path
     if header.role not in ("client", "global"):
         raise MaskFileError(path, "role", f"expected 'client' or 'global', got {header.role!r}")
@@ -299,6 +302,8 @@ def _check_header(header: MaskHeader, keys: set, fingerprint, expected_layers) -
                     f"{layer['name']} claims {layer['pruned']} pruned weights; a uniform "
                     f"{header.sparsity} {header.group} mask has exactly {expected}",
                 )
+    if not whole_model:  # uniform: every layer's count was checked above
+        return
     target = group_sparsity(header.group, header.sparsity)
     actual = header.total_pruned / max(header.total_weights, 1)
     if abs(actual - target) > SPARSITY_TOLERANCE + _rounding_slack(header):
@@ -320,8 +325,8 @@ class MaskFile:
     server's memory does not grow with the number of clients."""
 
     def __init__(self, path: Path, expected_fingerprint: str | None = None,
-                 expected_layers: Sequence[LayerInfo] | None = None):
-        self.header = read_header(path, expected_fingerprint, expected_layers)
+                 expected_layers: Sequence[LayerInfo] | None = None, whole_model: bool = True):
+        self.header = read_header(path, expected_fingerprint, expected_layers, whole_model)
         self.path = Path(path)
         self._shapes = {layer["name"]: layer for layer in self.header.layers}
 

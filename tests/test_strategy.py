@@ -1,5 +1,6 @@
-"""The server protocol: schedules of the three federations, vote hooks, and FedSpaLLM by files
-(configure -> client-weights -> aggregate) against the in-memory simulation."""
+"""The server protocol: schedules of the three federations, vote hooks, and FedSpaLLM and
+iterative FedPrLLM by files (configure -> client uploads -> aggregate) against the in-memory
+simulation."""
 
 import json
 
@@ -15,6 +16,8 @@ from fedlib.models import fingerprint, load_model, prunable_layers
 from fedlib.server import STRATEGIES, FedPrLLM, FedSpaLLM
 from fedlib.server.fedprllm import VoteHook
 from fedlib.weightfile import open_weight_file
+
+from conftest import tiny_llama
 
 
 def test_schedules_of_the_three_federations():
@@ -155,3 +158,88 @@ def test_aggregate_refuses_options_of_another_strategy(tiny_model_dir, tmp_path,
     assert code == 2 and "--rounds is not an option of the fedprllm strategy" in capsys.readouterr().err
     code = main(["aggregate", "--model", str(tiny_model_dir), "--strategy", "fedavg", "--out", str(tmp_path / "g"), "x"])
     assert code == 2 and "expected one of ['fedprllm', 'fedspallm']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method, scale", [("wanda", True), ("owl", False)])
+def test_iterative_fedprllm_by_files_is_the_simulation(tmp_path, method, scale):
+    """Iterative FedPrLLM as a real protocol on a 3-block model: in round l each client masks
+    block l from the global file of rounds < l, the server aggregates block l onto that file.
+    The last global file is byte for byte the one `fedlib iterative` simulates."""
+    model = tiny_llama(layers=3)
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    calib = []
+    for c in range(3):
+        path = tmp_path / f"calib_{c}.safetensors"
+        save_tokens(path, torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(c)))
+        calib.append(str(path))
+    local = ["--method", method, "--sparsity", "0.5", "--group", "row", "--seed", "1", "--batch-size", "1"]
+    server = ["--model", str(model_dir), "--mode", "iterative", "--group", "layer", "--sparsity", "0.5", "--seed", "1"]
+    previous = None
+    for block in range(3):
+        plan = tmp_path / f"plan_{block}.json"
+        assert main(["configure", *server, "--clients", "3", "--round", str(block), "--out", str(plan)]) == 0
+        assert json.loads(plan.read_text())["blocks"] == [[block]] * 3
+        uploads = []
+        for c in range(3):
+            out = tmp_path / f"mask_{block}_{c}.safetensors"
+            args = ["client-mask", "--model", str(model_dir), "--calib", calib[c], *local, "--client-id", str(c),
+                    "--round", str(block), "--out", str(out)]
+            args += (["--global-masks", str(previous)] if previous else []) + (["--scale"] if scale else [])
+            assert main(args) == 0
+            uploads.append(str(out))
+        glob = tmp_path / f"global_{block}.safetensors"
+        assert main(["aggregate", *server, "--round", str(block), "--out", str(glob), *uploads]
+                    + (["--previous", str(previous)] if previous else [])) == 0
+        previous = glob
+    simulated = tmp_path / "simulated.safetensors"
+    assert main(["iterative", "--model", str(model_dir), "--calib", *calib, "--method", method, "--sparsity", "0.5",
+                 "--local-group", "row", "--server-group", "layer", "--seed", "1", "--batch-size", "1",
+                 "--out", str(simulated), "--record", str(tmp_path / "record.json")] + (["--scale"] if scale else [])) == 0
+    assert previous.read_bytes() == simulated.read_bytes()
+    # not one-shot under another name: block 1 onwards saw the global masks, not each client's own
+    one_shot = [tmp_path / f"one_shot_{c}.safetensors" for c in range(3)]
+    for c, out in enumerate(one_shot):
+        assert main(["client-mask", "--model", str(model_dir), "--calib", calib[c], *local, "--client-id", str(c),
+                     "--out", str(out)]) == 0
+    assert main(["aggregate", "--model", str(model_dir), "--group", "layer", "--sparsity", "0.5", "--seed", "1",
+                 "--out", str(tmp_path / "one_shot.safetensors"), *map(str, one_shot)]) == 0
+    iterative, plain = MaskFile(previous).masks(), MaskFile(tmp_path / "one_shot.safetensors").masks()
+    assert all(torch.equal(iterative[n], plain[n]) for n in iterative if ".layers.0." in n)
+    assert any(not torch.equal(iterative[n], plain[n]) for n in iterative if ".layers.2." in n)
+
+
+def test_iterative_rounds_refuse_the_wrong_files(tmp_path, capsys):
+    model = tiny_llama(layers=2)
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    calib = tmp_path / "calib.safetensors"
+    save_tokens(calib, torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0)))
+    client = ["client-mask", "--model", str(model_dir), "--calib", str(calib), "--sparsity", "0.5"]
+    assert main([*client, "--round", "0", "--out", str(tmp_path / "r0.safetensors")]) == 0
+    assert main([*client, "--out", str(tmp_path / "all.safetensors")]) == 0
+    server = ["aggregate", "--model", str(model_dir), "--mode", "iterative"]
+    # round 1 without the global file of round 0, or with a client's file in its place
+    assert main([*client, "--round", "1", "--out", str(tmp_path / "r1.safetensors")]) == 2
+    assert "give --global-masks" in capsys.readouterr().err
+    assert main([*client, "--round", "1", "--global-masks", str(tmp_path / "r0.safetensors"),
+                 "--out", str(tmp_path / "r1.safetensors")]) == 2
+    assert "field 'role': expected 'global'" in capsys.readouterr().err
+    # the server: round 0's files hold block 0 only; a whole-model file is not a round-0 upload
+    assert main([*server, "--round", "0", "--out", str(tmp_path / "g0.safetensors"), str(tmp_path / "all.safetensors")]) == 2
+    assert "field 'layers'" in capsys.readouterr().err
+    assert main([*server, "--out", str(tmp_path / "g0.safetensors"), str(tmp_path / "r0.safetensors")]) == 2
+    assert "give the round" in capsys.readouterr().err
+    assert main([*server, "--round", "0", "--out", str(tmp_path / "g0.safetensors"), str(tmp_path / "r0.safetensors")]) == 0
+    # round 1 needs round 0's global file, made by the same server settings
+    assert main([*client, "--round", "1", "--global-masks", str(tmp_path / "g0.safetensors"),
+                 "--out", str(tmp_path / "r1.safetensors")]) == 0
+    assert main([*server, "--round", "1", "--out", str(tmp_path / "g1.safetensors"), str(tmp_path / "r1.safetensors")]) == 2
+    assert "give it as the previous file" in capsys.readouterr().err
+    assert main([*server, "--round", "1", "--group", "row", "--previous", str(tmp_path / "g0.safetensors"),
+                 "--out", str(tmp_path / "g1.safetensors"), str(tmp_path / "r1.safetensors")]) == 2
+    assert "field 'group': expected 'row'" in capsys.readouterr().err
+    assert not (tmp_path / "g1.safetensors").exists()
+    assert main([*server, "--round", "1", "--previous", str(tmp_path / "g0.safetensors"),
+                 "--out", str(tmp_path / "g1.safetensors"), str(tmp_path / "r1.safetensors")]) == 0
+    assert MaskFile(tmp_path / "g1.safetensors").header.method == "fedprllm-iterative[wanda]"

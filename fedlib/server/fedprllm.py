@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from fedlib.groups import prune_lowest
-from fedlib.maskfile import MaskFile, MaskWriter
+from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter
 from fedlib.models import LayerInfo
 from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 
@@ -146,30 +146,77 @@ class FedPrLLM(Strategy):
         return VoteCount(self, info, n_clients, allocation)
 
     def open_clients(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo]) -> list[MaskFile]:
-        files = [MaskFile(p, fingerprint, layers) for p in paths]
+        files = [MaskFile(p, fingerprint, layers, whole_model=self.mode == "one-shot") for p in paths]
         self.check_cohort(files)
         return files
 
+    def global_method(self, client_method: str) -> str:
+        """The global file's ``method``: the schedule, the clients' method, the hook's label."""
+        schedule = "fedprllm" if self.mode == "one-shot" else "fedprllm-iterative"
+        return f"{schedule}[{client_method}]{self.hook.label if self.hook else ''}"
+
+    def round_layers(self, layers: Sequence[LayerInfo], round_index: int | None
+                     ) -> tuple[list[LayerInfo], list[LayerInfo]]:
+        """(layers settled in earlier rounds, layers this round aggregates)."""
+        if self.mode == "one-shot":
+            if round_index not in (None, 0):
+                raise ValueError(f"fedprllm one-shot has one round (0), got round {round_index}")
+            return [], list(layers)
+        if round_index is None:
+            raise ValueError("fedprllm iterative: give the round (round l aggregates block l)")
+        self._check_round(round_index, 1 + max(info.block for info in layers))
+        return ([info for info in layers if info.block < round_index],
+                [info for info in layers if info.block == round_index])
+
+    def open_previous(self, path: Path | None, fingerprint: str, settled: Sequence[LayerInfo],
+                      clients: Sequence[MaskFile], round_index: int | None) -> MaskFile | None:
+        """The global file of the earlier rounds of an iterative federation: it holds exactly the
+        settled blocks' layers, with votes, from the same server settings and number of clients."""
+        if not settled:
+            if path is not None:
+                raise ValueError(f"fedprllm: round {round_index or 0} has no earlier global file to continue")
+            return None
+        if path is None:
+            raise ValueError(f"fedprllm iterative: round {round_index} continues the global file of rounds "
+                             f"0..{round_index - 1} (give it as the previous file)")
+        previous = MaskFile(path, fingerprint, settled, whole_model=False)
+        first = clients[0].header
+        expected = {"role": "global", "method": self.global_method(first.method), "group": self.group,
+                    "sparsity": self.sparsity, "allocation": first.allocation, "n_clients": len(clients)}
+        for name, value in expected.items():
+            if getattr(previous.header, name) != value:
+                raise MaskFileError(path, name, f"expected {value!r} (this round's server and clients), "
+                                                f"got {getattr(previous.header, name)!r}")
+        if not previous.has_votes():
+            raise MaskFileError(path, "votes", "a global file of earlier rounds carries its vote counts")
+        return previous
+
     def aggregate(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo], out: Path,
-                  **options) -> dict:
-        if options:
-            raise ValueError(f"fedprllm: unknown aggregation options {sorted(options)}")
+                  *, round_index: int | None = None, previous: Path | None = None) -> dict:
+        """One round from client files. One-shot: the clients' files cover every layer.
+        Iterative round ``l``: they cover block ``l``; the output is ``previous`` (blocks < l)
+        plus block ``l``, so the last round's file is the whole global mask."""
         if isinstance(self.sparsity, Mapping):
             raise ValueError("fedprllm: file aggregation takes one server sparsity (a float)")
-        files = self.open_clients(paths, fingerprint, layers)
+        settled, current = self.round_layers(layers, round_index)
+        files = self.open_clients(paths, fingerprint, current)
+        earlier = self.open_previous(previous, fingerprint, settled, files, round_index)
         first = files[0].header
         allocation = first.allocation
         hook = self.hook or VoteHook()
         with MaskWriter(
-            out, layers, fingerprint=fingerprint, role="global", client_id="server",
-            method=f"fedprllm[{first.method}]{hook.label}", group=self.group, sparsity=self.sparsity,
+            out, settled + current, fingerprint=fingerprint, role="global", client_id="server",
+            method=self.global_method(first.method), group=self.group, sparsity=self.sparsity,
             allocation=allocation, n_samples=sum(f.header.n_samples for f in files), seed=self.seed,
             n_clients=len(files), votes=True, extra=hook.header_extra() or None,
         ) as writer:
-            for info in layers:  # one layer at a time, from the clients' files to the global file
+            for info in settled:
+                writer.add(info.name, earlier.layer_mask(info.name), earlier.layer_votes(info.name))
+            for info in current:  # one layer at a time, from the clients' files to the global file
                 layer = self.layer_aggregator(info, len(files), allocation)
                 for f in files:
                     layer.add(f.header.client_id, f.layer_mask(info.name))
                 result = layer.finish()
                 writer.add(info.name, result.mask, result.votes)
-        return {"n_clients": len(files), "group": self.group, "sparsity": self.sparsity, "allocation": allocation}
+        return {"n_clients": len(files), "group": self.group, "sparsity": self.sparsity, "allocation": allocation,
+                "mode": self.mode, "layers": len(current)}
