@@ -14,8 +14,6 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/tables.smk"
-include: "workflow/rules/privacy_common.smk"
 include: "workflow/rules/model.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/clients.smk"

@@ -3,7 +3,6 @@
 import json
 import math
 
-import pytest
 import torch
 from transformers import AutoModelForCausalLM
 

@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_llama
 
 from fedlib.cli import main
 from fedlib.maskfile import MaskFile, write_mask_file

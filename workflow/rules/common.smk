@@ -131,7 +131,7 @@ def config_files():
     return " + ".join(dict.fromkeys(shown(f) for f in files)) or "config.yaml"
 
 
-# Settings, variants and table specs of this config (fedlib.catalog; tables.smk, privacy_common.smk)
+# Settings, variants and table specs of this config (fedlib.catalog; table and privacy specs below)
 CATALOG = Catalog(config, config_files())
 
 
@@ -181,3 +181,40 @@ ZEROSHOT_ARGS = (
     f"--tasks {' '.join(ZEROSHOT_TASKS)} --limit {ZEROSHOT_LIMIT if ZEROSHOT_LIMIT is not None else 'none'} "
     f"--batch-size {ZEROSHOT.get('batch_size', 8)} --seed {config['seed']} --data-dir {data_dir_arg()}"
 )
+
+
+# Table specs: which result files make each report table (rows, cells, context), built by
+# fedlib.catalog.Catalog (CATALOG, common.smk). Rules: report.smk (table1), zeroshot.smk,
+# studies.smk (named targets); writer: `fedlib report`, plots: `fedlib plot`.
+
+STUDY_SPECS = CATALOG.study_specs()
+STUDY_PLOTS = CATALOG.study_plots()
+
+
+def study_caption(name, kind="table"):
+    """workflow/report/<name>.rst when there is one, else the generic caption of its kind."""
+    own = Path(workflow.basedir) / "workflow" / "report" / f"{name}.rst"
+    return f"../report/{name}.rst" if own.is_file() else f"../report/study_{kind}.rst"
+
+
+# Privacy audit of the shared masks (FedPrLLM Sec. 4.5 / App. C, made into real measurements):
+# entropy, similarity, sensitivity, membership inference, inversion, and the randomized-response
+# defence with its perplexity cost. Two size sets: "run" (config `privacy:`, reduced, part of
+# `make run`) and "full" (`privacy.full:` overrides per analysis; target privacy_full).
+# Sizes, paths and the report spec: fedlib.catalog.privacy (PRIVACY); the rules in privacy.smk.
+
+PRIVACY = PrivacyCatalog(CATALOG)
+PRIV_BASE = PRIVACY.base
+
+
+def priv_outputs(size, for_report=False):
+    """The audit's tables and plots; ``for_report`` flags the HTML pages and plots for the HTML report."""
+    tables, shown = PRIVACY.outputs(size)
+    if for_report:
+        caption = "../report/privacy.rst" if size == "run" else "../report/privacy_full.rst"
+        shown = [report(path, caption=caption, category="Privacy") for path in shown]
+    return tables + shown
+
+
+#: the reduced audit's tables and plots (rule all)
+PRIVACY_RUN_REPORTS = priv_outputs("run")

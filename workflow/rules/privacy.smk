@@ -1,4 +1,4 @@
-# Privacy audit rules; sizes, paths and the report spec: PRIVACY (privacy_common.smk, fedlib.catalog.privacy).
+# Privacy audit rules; sizes, paths and the report spec: PRIVACY (common.smk, fedlib.catalog.privacy).
 
 
 rule privacy_entropy:

@@ -1,4 +1,4 @@
-# Named study targets beyond Table 1; their specs: tables.smk (fedlib.catalog.Catalog).
+# Named study targets beyond Table 1; their specs: common.smk (fedlib.catalog.Catalog).
 
 for _name, _spec in STUDY_SPECS.items():
 

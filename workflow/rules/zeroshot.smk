@@ -1,4 +1,4 @@
-# Zero-shot accuracy rules (lm-eval); table specs: tables.smk.
+# Zero-shot accuracy rules (lm-eval); table specs: common.smk (fedlib.catalog).
 
 
 rule zeroshot_dense:
