@@ -1,7 +1,8 @@
 """Datasets, token windows and client partitions.
 
 Offline, datasets come from a folder laid out like ``../shared/data`` (``data_dir``):
-``wikitext2/{test,validation}.txt``, ``ptb/{train,validation,test}.txt``, ``c4/train.jsonl``.
+``wikitext2/{test,validation}.txt``, ``ptb/{train,validation,test}.txt``, ``c4/train.jsonl``
+(the layout and the splits read offline: :mod:`fedlib.mirror`).
 Online (``data_dir`` is None) the same datasets come from the Hugging Face hub.
 
 Token files (calibration pools, client shards, evaluation windows) are safetensors with one
@@ -19,6 +20,7 @@ import torch
 from safetensors import safe_open
 
 from fedlib.io import write_safetensors
+from fedlib.mirror import CALIBRATION_SPLIT, EVALUATION_SPLIT, MIXTURE_DATASETS, mirror_path
 
 TEXT_DATASETS = ("wikitext2", "ptb", "c4")
 
@@ -33,8 +35,8 @@ class DataError(ValueError):
 # --------------------------------------------------------------------------- raw text
 
 
-def _mirror_file(data_dir: Path, dataset: str, split: str, suffix: str) -> Path:
-    path = Path(data_dir) / dataset / f"{split}.{suffix}"
+def _mirror_file(data_dir: Path, dataset: str, split: str) -> Path:
+    path = mirror_path(data_dir, dataset, split)
     if not path.is_file():
         raise DataError(
             f"{dataset} {split}: expected {path} (data_dir={data_dir}); "
@@ -49,7 +51,7 @@ def wikitext2_rows(data_dir: Path | None, split: str) -> list[str]:
         from datasets import load_dataset
 
         return list(load_dataset("wikitext", "wikitext-2-raw-v1", split=split)["text"])
-    text = _mirror_file(data_dir, "wikitext2", split, "txt").read_text(encoding="utf-8")
+    text = _mirror_file(data_dir, "wikitext2", split).read_text(encoding="utf-8")
     return [line if line.strip() else "" for line in text.splitlines(keepends=True)]
 
 
@@ -59,7 +61,7 @@ def ptb_rows(data_dir: Path | None, split: str) -> list[str]:
         from datasets import load_dataset
 
         return list(load_dataset("ptb_text_only", "penn_treebank", split=split)["sentence"])
-    text = _mirror_file(data_dir, "ptb", split, "txt").read_text(encoding="utf-8")
+    text = _mirror_file(data_dir, "ptb", split).read_text(encoding="utf-8")
     return [line.strip() for line in text.splitlines()]
 
 
@@ -72,7 +74,7 @@ def c4_documents(data_dir: Path | None, split: str = "train") -> list[str]:
             "validation": "en/c4-validation.00000-of-00008.json.gz",
         }
         return list(load_dataset("allenai/c4", data_files={split: files[split]}, split=split)["text"])
-    path = _mirror_file(data_dir, "c4", split, "jsonl")
+    path = _mirror_file(data_dir, "c4", split)
     docs = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
@@ -112,16 +114,16 @@ def calibration_windows(
     long text; offline WikiText-2 has no train split, so its validation split is used.
     """
     rng = random.Random(seed)
+    if dataset not in TEXT_DATASETS:
+        raise DataError(f"unknown calibration dataset {dataset!r}; known: {TEXT_DATASETS}")
+    split = "train" if data_dir is None else CALIBRATION_SPLIT[dataset]
     if dataset == "c4":
-        docs = _doc_slice(c4_documents(data_dir, "train"), docs_range, "c4 calibration")
+        docs = _doc_slice(c4_documents(data_dir, split), docs_range, "c4 calibration")
         return _windows_from_documents(tokenizer, docs, nsamples, seqlen, rng, "c4")
     if dataset == "wikitext2":
-        split = "train" if data_dir is None else "validation"
         text = "\n\n".join(wikitext2_rows(data_dir, split))
-    elif dataset == "ptb":
-        text = " ".join(ptb_rows(data_dir, "train"))
     else:
-        raise DataError(f"unknown calibration dataset {dataset!r}; known: {TEXT_DATASETS}")
+        text = " ".join(ptb_rows(data_dir, split))
     ids = tokenizer(text, return_tensors="pt").input_ids[0]
     if ids.numel() <= seqlen:
         raise DataError(f"{dataset}: {ids.numel()} tokens, fewer than one window of {seqlen}")
@@ -157,15 +159,16 @@ def _windows_from_documents(tokenizer, docs, nsamples, seqlen, rng, what) -> tor
 
 def evaluation_text(dataset: str, data_dir: Path | None, c4_docs: tuple[int, int] | None) -> str:
     """The evaluation text, joined as Wanda/SparseGPT join it."""
+    if dataset not in TEXT_DATASETS:
+        raise DataError(f"unknown evaluation dataset {dataset!r}; known: {TEXT_DATASETS}")
+    if dataset == "c4" and data_dir is None:
+        return " ".join(c4_documents(None, "validation")[:1100])
+    split = "test" if data_dir is None else EVALUATION_SPLIT[dataset]
     if dataset == "wikitext2":
-        return "\n\n".join(wikitext2_rows(data_dir, "test"))
+        return "\n\n".join(wikitext2_rows(data_dir, split))
     if dataset == "ptb":
-        return " ".join(ptb_rows(data_dir, "test"))
-    if dataset == "c4":
-        if data_dir is None:
-            return " ".join(c4_documents(None, "validation")[:1100])
-        return " ".join(_doc_slice(c4_documents(data_dir, "train"), c4_docs, "c4 evaluation"))
-    raise DataError(f"unknown evaluation dataset {dataset!r}; known: {TEXT_DATASETS}")
+        return " ".join(ptb_rows(data_dir, split))
+    return " ".join(_doc_slice(c4_documents(data_dir, split), c4_docs, "c4 evaluation"))
 
 
 def evaluation_windows(
@@ -255,10 +258,6 @@ def dirichlet_partition(
         f"client at least {min_per_client} sample(s) in {max_tries} draws; raise alpha or the pool size, "
         "or pass min_per_client=0 and drop the empty clients"
     )
-
-
-#: the calibration data mixed for the non-IID experiments, in label order
-MIXTURE_DATASETS = ("wikitext2", "c4", "ptb")
 
 
 def calibration_split(dataset: str, data_dir: Path | None) -> str:

@@ -24,8 +24,10 @@ from fedlib.catalog import (
     plot_inputs,
     table_inputs,
 )
+from fedlib.config_check import materialized_dir, validate_config
 
 validate(config, "../schemas/config.schema.yaml")
+validate_config(config, Path.cwd())  # what the schema cannot express: values against each other, files, the model
 
 # Jobs run this checkout's fedlib (`python -m fedlib`, PYTHONPATH) with the `python` of their
 # environment: a conda environment of envs/fedlib.yaml, or else the interpreter that runs
@@ -66,7 +68,7 @@ def model_dir():
     name = config["model"]["name"]
     if name not in EMBEDDED_MODELS and Path(name).is_dir():
         return name
-    return f"resources/models/{'--'.join(name.split('/'))}"
+    return materialized_dir(name)
 
 
 MODEL_READY = f"{model_dir()}/config.json"
