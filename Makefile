@@ -59,6 +59,7 @@ report-check: report
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/bench_client_mask.py
 	$(BIN)/python benchmarks/bench_server.py
+	$(BIN)/python benchmarks/bench_config_check.py
 
 # a LLaMA-2-7B-shaped client and server on this machine (writes a 13.5 GB checkpoint once)
 bench-scale: $(STAMP)

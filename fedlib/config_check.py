@@ -215,28 +215,34 @@ def _check_data(cfg: dict, workdir: Path, problems: _Problems) -> None:
         problems.add("data_dir", data_dir, "a folder laid out like shared/data (relative to the working "
                      "directory), or null for the Hugging Face hub", f"{root} is not a folder")
         return
-    needed: dict[Path, tuple[str, object]] = {}  # file -> (the first key that needs it, its value)
+    needed: dict[Path, list[tuple[str, object]]] = {}  # file -> the (key, value) pairs that need it
+
+    def need(path: Path, key: str, value) -> None:
+        if key not in (k for k, _ in needed.setdefault(path, [])):
+            needed[path].append((key, value))
+
     dataset = cfg["calibration"]["dataset"]
-    needed[mirror_path(root, dataset, CALIBRATION_SPLIT[dataset])] = ("calibration.dataset", dataset)
+    need(mirror_path(root, dataset, CALIBRATION_SPLIT[dataset]), "calibration.dataset", dataset)
     for name in cfg["evaluation"]["datasets"]:
-        needed.setdefault(mirror_path(root, name, EVALUATION_SPLIT[name]), ("evaluation.datasets", name))
-    for name in MIXTURE_DATASETS:  # the non-IID pool mixes them (studies.noniid)
-        needed.setdefault(mirror_path(root, name, CALIBRATION_SPLIT[name]), ("studies.noniid", name))
+        need(mirror_path(root, name, EVALUATION_SPLIT[name]), "evaluation.datasets", name)
+    for name in MIXTURE_DATASETS:  # the non-IID pool mixes them
+        need(mirror_path(root, name, CALIBRATION_SPLIT[name]), "studies.noniid", name)
     for size, by_analysis in sizes(cfg).items():
         prior = by_analysis["inversion"]["prior_samples"]
         if prior:  # the attacker's prior: WikiText-2 calibration windows
-            needed.setdefault(mirror_path(root, "wikitext2", CALIBRATION_SPLIT["wikitext2"]),
-                              (_privacy_key(cfg, size, "inversion", "prior_samples"), prior))
+            need(mirror_path(root, "wikitext2", CALIBRATION_SPLIT["wikitext2"]),
+                 _privacy_key(cfg, size, "inversion", "prior_samples"), prior)
     for task in cfg["zeroshot"]["tasks"]:
         try:
-            needed.setdefault(task_file(root, task), ("zeroshot.tasks", task))
+            need(task_file(root, task), "zeroshot.tasks", task)
         except FileNotFoundError as err:
             problems.add("zeroshot.tasks", task, f"a data file {root / 'zeroshot' / task}.jsonl", str(err))
-    for path, (key, value) in needed.items():
+    for path, [(key, value), *others] in needed.items():
+        also = "; also needed by " + ", ".join(k for k, _ in others) if others else ""
         if not path.is_file():
-            problems.add(key, value, f"the data file {path} (data_dir = {data_dir})", "it does not exist")
+            problems.add(key, value, f"the data file {path} (data_dir = {data_dir})", f"it does not exist{also}")
         elif path.stat().st_size == 0:
-            problems.add(key, value, f"a non-empty data file {path} (data_dir = {data_dir})", "it is empty")
+            problems.add(key, value, f"a non-empty data file {path} (data_dir = {data_dir})", f"it is empty{also}")
     c4 = mirror_path(root, "c4", "train")
     if c4.is_file() and c4.stat().st_size:
         _check_c4_ranges(cfg, ranges, c4, problems)

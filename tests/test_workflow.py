@@ -168,14 +168,6 @@ def test_html_report_renders_in_a_browser(workdir):
     assert "reports/privacy_membership.html:" in proc.stdout and "reports/privacy_defence.png:" in proc.stdout
 
 
-def test_invalid_config_is_rejected(tmp_path):
-    config = load_test_config()
-    config["pruning"]["sparsity"] = 1.5
-    write_config(tmp_path, config)
-    with pytest.raises(AssertionError, match="sparsity"):
-        snakemake(tmp_path, "--configfile", "config.yaml", "-n")
-
-
 def test_named_study_targets_plan(tmp_path):
     """Every named study target resolves to a complete DAG on a tiny config."""
     config = load_test_config()
@@ -219,15 +211,17 @@ def test_method_options_and_fedspallm_layer_sampling_reach_the_commands(tmp_path
     """pruning.method_options goes to every job pruning with the method it names (nothing else
     changes); studies.fedspallm.resources turns on layer sampling, without Standalone models."""
     config = load_test_config()
-    config["pruning"]["method_options"] = {"wanda": {"note": "it's"}, "sparsegpt_update": {"blocksize": 16}}
+    config["pruning"]["method"] = "owl"  # options the methods accept (the shell quoting: tests/test_catalog.py)
+    config["pruning"]["method_options"] = {"owl": {"lam": 0.1}, "sparsegpt_update": {"blocksize": 16}}
     config["studies"] = {"fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 2,
                                        "resources": [0.5, 1]}}
     write_config(tmp_path, config)
     out = snakemake(tmp_path, "fedspallm2", "table1", "privacy", "--configfile", str(tmp_path / "config.yaml"), "-n", "-p")
     commands = [line for line in out.splitlines() if "python -m fedlib " in line]
-    wanda = "--method-options '{\"note\": \"it'\\''s\"}'"
+    owl = "--method-options '{\"lam\": 0.1}'"
     for verb in ("client-mask", "privacy similarity", "privacy sensitivity", "privacy membership"):
-        assert all(wanda in c for c in commands if f"fedlib {verb} " in c), verb
+        assert any(f"fedlib {verb} " in c for c in commands), verb
+        assert all(owl in c for c in commands if f"fedlib {verb} " in c), verb
     fedspallm = [c for c in commands if "fedlib fedspallm " in c]
     assert len(fedspallm) == 1
     assert "--rounds 2 --resources 0.5 1 --method-options '{\"blocksize\": 16}'" in fedspallm[0]
@@ -236,20 +230,37 @@ def test_method_options_and_fedspallm_layer_sampling_reach_the_commands(tmp_path
 
 
 @pytest.mark.parametrize("where, value, message", [
+    # the schema
+    (("pruning", "sparsity"), 1.5, r"On instance\['pruning'\]\['sparsity'\]"),
     (("studies", "fedspallm", "resources"), 1.5, "resources"),
-    (("studies", "fedspallm", "resources"), [0.5, 0.5, 0.5], "3 per-client fractions"),
     (("pruning", "method_options"), {"owl": 0.08}, "method_options"),
+    (("pruning", "method"), "wandaa", r"'wandaa' is not one of"),
+    # the catalog
+    (("studies", "fedspallm", "resources"), [0.5, 0.5], "2 per-client fractions"),
+    # fedlib.config_check (tests/test_config_check.py has every case)
+    (("clients", "n"), 4, r"clients\.n = 4: expected at most calibration\.nsamples = 3"),
+    (("calibration", "c4_docs"), [50, 0], r"calibration\.c4_docs = \[50, 0\]: expected \[start, stop\) with start < stop"),
+    (("pruning", "local_group"), "5:4", r'pruning\.local_group = "5:4": expected layer, row, column or N:M with 0 < N < M'),
+    (("model", "name"), "./modle", r'model\.name = "\./modle": expected an embedded alias'),
+    (("evaluation", "seqlen"), 512, r"evaluation\.seqlen = 512: expected at most 256 tokens, the context of \./model"),
+    (("data", "c4/train.jsonl"), "", r'calibration\.dataset = "c4": expected a non-empty data file .*c4/train\.jsonl'),
 ])
-def test_invalid_options_are_rejected(tmp_path, where, value, message):
+def test_invalid_config_is_rejected(tmp_path, where, value, message):
+    """Refused by the dry run, before any job, with a message naming the key; ("data", file)
+    is a data file of .test/ written with ``value`` instead."""
     config = load_test_config()
-    config.setdefault("studies", {"fedspallm": {"clients": [2]}})
-    section = config
-    for key in where[:-1]:
-        section = section[key]
-    section[where[-1]] = value
-    write_config(tmp_path, config)
+    if where[0] == "data":
+        write_config(tmp_path, config)
+        (tmp_path / "data" / where[1]).write_text(value)
+    else:
+        section = config
+        for key in where[:-1]:
+            section = section[key]
+        section[where[-1]] = value
+        write_config(tmp_path, config)
     with pytest.raises(AssertionError, match=message):
         snakemake(tmp_path, "--configfile", "config.yaml", "-n")
+    assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
 
 
 def test_test_fixture_is_what_its_script_writes(tmp_path):
