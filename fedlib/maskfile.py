@@ -684,12 +684,13 @@ class MaskFile:
         by its length here and by the checks on the values)."""
         dtype, shape, offset = self.header.tensors[key]
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        buffer = bytearray(nbytes)
         with open(self.path, "rb") as handle:
             handle.seek(offset)
-            raw = handle.read(nbytes)
-        if len(raw) != nbytes:
-            raise MaskFileError(self.path, key, f"{len(raw)} of its {nbytes} bytes: the file changed since its header was read")
-        return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
+            got = handle.readinto(buffer)
+        if got != nbytes:
+            raise MaskFileError(self.path, key, f"{got} of its {nbytes} bytes: the file changed since its header was read")
+        return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
 
     def layer_mask(self, name: str) -> torch.Tensor:
         layer = self._shapes[name]
@@ -739,7 +740,7 @@ class MaskFile:
         prunes the most-voted weights of every group, as both servers select them (FedPrLLM's
         top-k, FedSpaLLM's expansion; a defence records a monotone map of the counts it saw)."""
         key = f"votes:{name}"
-        votes = self._tensor(key).to(torch.int32)  # votes_dtype(n_clients), the layer's shape: the header says so
+        votes = self._tensor(key)  # votes_dtype(n_clients), the layer's shape: the header says so
         if int(votes.min()) < 0 or int(votes.max()) > self.header.n_clients:
             raise MaskFileError(self.path, key, f"vote counts outside 0..{self.header.n_clients}")
         mask = self.layer_mask(name) if mask is None else mask
@@ -749,15 +750,16 @@ class MaskFile:
         else:
             by_group = lambda t: t.reshape(-1, parse_nm(group)[1])  # noqa: E731
         v, m = by_group(votes), by_group(mask)
-        fewest_pruned = torch.where(m, v, self.header.n_clients + 1).amin(1)
-        most_kept = torch.where(m, -1, v).amax(1)
+        # in the stored dtype (a 7B layer's counts are 90 MB as int16): n_clients fits it
+        fewest_pruned = torch.where(m, v, torch.iinfo(v.dtype).max).amin(1)
+        most_kept = torch.where(m, 0, v).amax(1)
         odd = (fewest_pruned < most_kept).nonzero()
         if len(odd):
             index = int(odd[0, 0])
             raise MaskFileError(self.path, key, f"{group} group {index}: a pruned weight has "
                                                 f"{int(fewest_pruned[index])} votes, a kept one {int(most_kept[index])}; "
                                                 "a global mask prunes the most-voted weights")
-        return votes
+        return votes.to(torch.int32)
 
     def has_votes(self) -> bool:
         return self.header.votes

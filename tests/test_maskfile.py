@@ -195,6 +195,7 @@ def test_refuses_a_header_padded_or_reformatted(model, tmp_path):
     lambda t: t.replace('{"name":', '{"shape":[1,1],"name":', 1),       # a key twice
     lambda t: t.replace(',"pruned":', ',"Pruned":', 1),                  # a key missing
     lambda t: json.dumps(json.loads(t)),                                 # whitespace
+    lambda t: "[" * 100_000 + "]" * 100_000,                             # nested beyond the stack
 ])
 def test_refuses_a_malformed_layers_entry(model, tmp_path, edit):
     path, bad = tmp_path / "c.mask.safetensors", tmp_path / "bad.mask.safetensors"

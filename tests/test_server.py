@@ -201,3 +201,28 @@ def test_cli_cohort_options(tiny_model_dir, tmp_path, capsys):
     assert main(base + ["--client-sparsity", "0.6", *map(str, paths)]) == 2
     err = capsys.readouterr().err
     assert f"{paths[0]}: field 'sparsity': 0.5, but the server expects 0.6" in err and not out.exists()
+
+
+def test_global_votes_must_agree_with_the_mask(model, tmp_path):
+    """A global file's counts are claims too: the mask prunes the most-voted weights of every
+    group, and no count exceeds the number of clients."""
+    from safetensors import safe_open
+
+    from fedlib.io import write_safetensors
+
+    paths, _ = _clients(model, tmp_path, n=3)
+    layers, out, bad = prunable_layers(model), tmp_path / "global.mask.safetensors", tmp_path / "bad.mask.safetensors"
+    FedPrLLM(group="row", sparsity=0.5, seed=0).aggregate(paths, fingerprint(model), layers, out)
+    name, mask = layers[0].name, MaskFile(out).layer_mask(layers[0].name)
+    with safe_open(str(out), framework="pt") as handle:
+        meta, tensors = handle.metadata(), {k: handle.get_tensor(k) for k in handle.keys()}
+    votes = tensors[f"votes:{name}"]
+    votes[0, mask[0].nonzero()[0, 0]], votes[0, (~mask[0]).nonzero()[0, 0]] = 0, 3
+    write_safetensors(bad, tensors, meta)
+    with pytest.raises(MaskFileError, match=rf"{bad}: field 'votes:{name}': row group 0: a pruned weight has 0 "
+                                            "votes, a kept one 3"):
+        MaskFile(bad).layer_votes(name)
+    votes[0] = 4
+    write_safetensors(bad, tensors, meta)
+    with pytest.raises(MaskFileError, match=rf"'votes:{name}': vote counts outside 0..3"):
+        MaskFile(bad).layer_votes(name)
