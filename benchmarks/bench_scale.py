@@ -247,8 +247,7 @@ def synthetic_client(real: Path, out: Path, client: int) -> None:
     gen = torch.Generator().manual_seed(1000 + client)
     with MaskWriter(out, layers, fingerprint=header.fingerprint, role="client", client_id=f"synthetic-{client}",
                     method=header.method, group=header.group, sparsity=header.sparsity,
-                    allocation=header.allocation, n_samples=header.n_samples, seed=header.seed,
-                    extra={"synthetic": "random row-50% bits"}) as writer:
+                    allocation=header.allocation, n_samples=header.n_samples, seed=header.seed) as writer:
         for info in layers:
             rows, cols = info.shape
             if header.group != "row" or header.sparsity != 0.5 or cols % 2:

@@ -232,6 +232,8 @@ def cmd_aggregate(args) -> None:
         options["previous"] = Path(args.previous)
     if args.round is not None:
         options["round_index"] = args.round
+    cohort = {name: getattr(args, f"client_{name}") for name in ("method", "group", "sparsity")}
+    options["cohort"] = {name: value for name, value in cohort.items() if value is not None}
     summary = strategy.aggregate([Path(p) for p in args.masks], handle.fingerprint(), handle.layers(),
                                  Path(args.out), **options)
     print(f"wrote {args.out}: {summary}")
@@ -513,6 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       "layers no upload covers; fedprllm iterative: the masks of blocks < round)")
     p.add_argument("--round", type=int,
                    help="the round aggregated (fedspallm: every upload must say it; fedprllm iterative: the block)")
+    p.add_argument("--client-method", help="the clients' local method: every file must say it (default: the "
+                                           "majority of the files defines the cohort)")
+    p.add_argument("--client-group", help="the clients' local comparison group (as --client-method)")
+    p.add_argument("--client-sparsity", type=float, help="the clients' target sparsity (as --client-method)")
     p.add_argument("--out", required=True)
     p.add_argument("masks", nargs="+", help="client files")
 

@@ -5,40 +5,63 @@ Format (safetensors, so no pickle and a bounded, checkable header):
 * one ``uint8`` tensor ``mask:<layer>`` per prunable linear: the layer's mask flattened in
   row-major order and packed 8 weights per byte, least significant bit first; bit = 1 means
   the weight is **pruned** (the papers' convention M_ij = 1); padding bits are 0;
-* optionally ``votes:<layer>`` (``uint8`` or ``int16``, shape of the layer): how many clients
-  pruned each weight, in a server's global mask (needed for weight scaling);
+* in a server's global mask, optionally ``votes:<layer>`` for every layer (``uint8``, or
+  ``int16`` beyond 255 clients; shape of the layer): how many clients pruned each weight
+  (needed for weight scaling);
+* in a weight file (:mod:`fedlib.weightfile`, ``x_payload = "weights"``), ``weight:<layer>``;
 * string metadata: ``format`` = ``fedlib-mask``, ``format_version``, ``model_fingerprint``,
   ``role`` (``client`` or ``global``), ``client_id``, ``method``, ``group``, ``sparsity``
   (the claimed target), ``allocation`` (``uniform`` or ``nonuniform`` per-layer sparsity),
-  ``n_samples``, ``seed``, ``n_clients`` (global), ``fedlib_version`` and ``layers``: JSON list
-  of ``{"name", "shape", "pruned"}`` in model order.
+  ``n_samples``, ``seed``, ``n_clients`` (global; 1 in a client file), ``fedlib_version`` and
+  ``layers``: JSON list of ``{"name", "shape", "pruned"}`` in model order; plus the ``x_``
+  fields of the file's kind (:data:`EXTRAS`).
 
-:func:`read_header` checks the metadata against the model without reading the bits;
-:func:`MaskFile.layer_mask` checks each layer's bits against its claim as it is read.
-Every error names the file and the field.
+Reading is strict: a server takes files from parties it does not control, so a file is either
+exactly what fedlib's writer produces for content the protocol allows, or refused with a
+:class:`MaskFileError` naming the file and the field. :func:`read_header` (no bits read)
+checks that the safetensors header is byte for byte the writer's (sorted compact JSON, ASCII
+escapes, padded with spaces to 8 bytes, data contiguous and covering the file exactly); the
+exact metadata key set of the file's kind; every value's type, range and canonical text
+(integers in plain decimal, ``sparsity`` as ``repr(float)``, JSON as the writer dumps it,
+``method`` a registered method or, for global files, ``<schedule>[<method>]<label>``); the
+exact tensor set, dtypes and shapes the metadata implies; and every count the file claims
+against the model and the method (uniform: exactly :func:`fedlib.groups.expected_pruned`;
+nonuniform: within the range the method declares,
+:meth:`fedlib.methods.base.LayerPruner.layer_sparsity_bounds`, and the whole-model budget).
+:meth:`MaskFile.layer_mask` checks each layer's bits against its claims as it is read: the
+count, zero padding, and the group's counts (each row/column, or N of every M).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from fedlib import __version__
-from fedlib.groups import GROUPS, expected_pruned, group_sparsity, parse_nm
-from fedlib.io import SafetensorsWriter
-from fedlib.models import LayerInfo
+from fedlib.groups import GROUPS, expected_pruned, group_sparsity, parse_nm, pruned_count
+from fedlib.io import SAFETENSORS_DTYPES, SafetensorsWriter, safetensors_layout
+from fedlib.methods import METHODS
+from fedlib.models import DTYPES, LayerInfo
 
 FORMAT = "fedlib-mask"
 FORMAT_VERSION = 1
 #: slack on the whole-model sparsity of a non-uniform allocation (OWL, BESA)
 SPARSITY_TOLERANCE = 0.005
+#: safetensors' own bound on a file's JSON header
+MAX_HEADER_BYTES = 100_000_000
+#: bound on a layer dimension, checked before any arithmetic on it
+MAX_DIMENSION = 1 << 31
+#: the payload of a weight file (:mod:`fedlib.weightfile`): ``x_payload`` and its tensors
+PAYLOAD = "weights"
+WEIGHT_PREFIX = "weight:"
+WEIGHT_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 
 
 class MaskFileError(ValueError):
@@ -74,7 +97,14 @@ class MaskHeader:
     seed: int
     n_clients: int
     layers: list[dict]
+    #: the ``x_`` metadata without the prefix (checked: :data:`EXTRAS`)
     extra: dict = field(default_factory=dict)
+    #: "mask", or :data:`PAYLOAD` for a weight file
+    payload: str = "mask"
+    #: a global file's ``votes:`` tensors are present
+    votes: bool = False
+    #: every tensor: name -> (dtype, shape, offset of its bytes in the file)
+    tensors: dict = field(default_factory=dict)
 
     @property
     def total_weights(self) -> int:
@@ -201,13 +231,218 @@ def write_mask_file(
             writer.add_tensor(name, tensor)
 
 
-def _field(meta: dict, key: str, path: Path, convert=str):
-    if key not in meta:
-        raise MaskFileError(path, key, "missing")
+def _show(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _unique_keys(pairs: list) -> dict:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"duplicate key {next(k for k in keys if keys.count(k) > 1)!r}")
+    return dict(pairs)
+
+
+def _finite_number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {_show(text)} is not finite in float64")
+    return value
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(text: str):
+    """``json.loads`` without what Python's parser tolerates beyond JSON: NaN/Infinity, numbers
+    that overflow to infinity (``-1e400``), duplicate keys (the last one silently winning),
+    nesting deep enough to exhaust the stack. Every failure is a ``ValueError``."""
     try:
-        return convert(meta[key])
-    except (TypeError, ValueError):
-        raise MaskFileError(path, key, f"cannot parse {meta[key]!r} as {convert.__name__}") from None
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_number,
+                          object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _count(text: str) -> int:
+    """A non-negative integer in canonical decimal (no sign, no leading zero, no spaces)."""
+    if not re.fullmatch(r"0|[1-9][0-9]{0,17}", text):
+        raise ValueError(f"expected a non-negative integer in canonical decimal, got {_show(text)}")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    """A finite float written as fedlib writes it: ``repr(float(x))``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or repr(value) != text:
+        raise ValueError(f"expected a finite number written as repr(float), got {_show(text)}")
+    return value
+
+
+def _epsilon(text: str) -> float:
+    """A privacy budget: positive, ``inf`` (no noise) included, as ``repr`` writes it."""
+    value = math.inf if text == "inf" else _count(text) if text.isdigit() else _float(text)
+    if not value > 0:
+        raise ValueError(f"expected a positive epsilon, got {_show(text)}")
+    return value
+
+
+def _text(text: str, limit: int = 256) -> str:
+    if not 0 < len(text) <= limit or not text.isprintable() or text != text.strip():
+        raise ValueError(f"expected 1 to {limit} printable characters, no surrounding space, got {_show(text)}")
+    return text
+
+
+def _version(text: str) -> str:
+    if len(text) > 64 or not re.fullmatch(r"[0-9][A-Za-z0-9.+-]*", text):
+        raise ValueError(f"expected a version such as {__version__!r}, got {_show(text)}")
+    return text
+
+
+def _canonical_json(text: str, check, separators=(", ", ": ")):
+    """``check(strict_json(text))``, and ``text`` must be exactly ``json.dumps`` of the value
+    with ``separators`` (what the writer produced)."""
+    value = check(strict_json(text))
+    if json.dumps(value, separators=separators) != text:
+        raise ValueError(f"not in canonical JSON form (json.dumps with separators {separators!r}): {_show(text)}")
+    return value
+
+
+def _json_object(value):
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {_show(value)}")
+    return value
+
+
+def _block_list(value):
+    if not isinstance(value, list) or any(type(b) is not int or b < 0 for b in value) or value != sorted(set(value)):
+        raise ValueError(f"expected an ascending JSON list of distinct block indices, got {_show(value)}")
+    return value
+
+
+def _group(text: str) -> str:
+    if text in GROUPS:
+        return text
+    try:
+        n, m = parse_nm(text)
+    except ValueError as err:
+        raise ValueError(str(err)) from None
+    if text != f"{n}:{m}":
+        raise ValueError(f"expected N:M written as {n}:{m}, got {_show(text)}")
+    return text
+
+
+def _one_of(*choices: str):
+    def check(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {list(choices)}, got {_show(text)}")
+        return text
+    return check
+
+
+def _rounding(text: str) -> str:
+    from fedlib.server.fedspallm import ROUNDINGS
+
+    return _one_of(*ROUNDINGS)(text)
+
+
+def _layers(text: str) -> list[dict]:
+    value = strict_json(text)
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"expected a non-empty JSON list of {{name, shape, pruned}}, got {_show(value)}")
+    layers, seen = [], set()
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict) or list(entry) != ["name", "shape", "pruned"]:
+            keys = list(entry) if isinstance(entry, dict) else entry
+            raise ValueError(f"entry {i}: expected exactly the keys name, shape, pruned (in that order), got {_show(keys)}")
+        name, shape, pruned = entry["name"], entry["shape"], entry["pruned"]
+        if not isinstance(name, str) or not name.isprintable() or not 0 < len(name) <= 256 or name in seen:
+            raise ValueError(f"entry {i}: name {_show(name)} is not a distinct printable layer name")
+        seen.add(name)
+        if (not isinstance(shape, list) or len(shape) != 2
+                or not all(type(x) is int and 1 <= x <= MAX_DIMENSION for x in shape)):
+            raise ValueError(f"{name}: shape must be 2 integers in 1..{MAX_DIMENSION}, got {_show(shape)}")
+        if type(pruned) is not int or not 0 <= pruned <= math.prod(shape):
+            raise ValueError(f"{name}: pruned count {_show(pruned)} is not an integer in 0..{math.prod(shape)}")
+        layers.append({"name": name, "shape": shape, "pruned": pruned})
+    if json.dumps(layers, separators=(",", ":")) != text:
+        raise ValueError("not in canonical JSON form (no whitespace, as fedlib writes it)")
+    return layers
+
+
+#: the metadata every mask file carries (module docstring)
+METADATA_FIELDS = ("format", "format_version", "model_fingerprint", "role", "client_id", "method", "group",
+                   "sparsity", "allocation", "n_samples", "seed", "n_clients", "fedlib_version", "layers")
+_PARSE = {
+    "model_fingerprint": _text, "role": _one_of("client", "global"), "client_id": _text, "method": _text,
+    "group": _group, "sparsity": _float, "allocation": _one_of("uniform", "nonuniform"), "n_samples": _count,
+    "seed": _count, "n_clients": _count, "fedlib_version": _version, "layers": _layers,
+}
+#: the ``x_`` metadata each kind of file carries, by (role, payload): (always, optional), and how
+#: each value is checked. Client masks: ``fedlib client-mask`` records the method's options and the
+#: compute dtype (other writers, e.g. the simulations' tests, record neither). Global masks: the
+#: randomized-response defence records its epsilon and what its votes are. Weight files
+#: (:mod:`fedlib.weightfile`): payload, weight dtype and round; a global one also the blocks no
+#: upload covered and (``fedlib aggregate``) the expansion rounding.
+EXTRAS = {
+    ("client", "mask"): ((), ("method_options", "dtype")),
+    ("global", "mask"): ((), ("rr_epsilon_per_bit", "votes")),
+    ("client", PAYLOAD): (("payload", "weight_dtype", "round"), ()),
+    ("global", PAYLOAD): (("payload", "weight_dtype", "round", "uncovered_blocks"), ("rounding",)),
+}
+_PARSE_EXTRA = {
+    "method_options": lambda t: _canonical_json(t, _json_object),
+    "dtype": _one_of(*DTYPES),
+    "rr_epsilon_per_bit": _epsilon,
+    "votes": _text,
+    "payload": _one_of(PAYLOAD),
+    "weight_dtype": _one_of(*WEIGHT_DTYPES),
+    "round": _count,
+    "uncovered_blocks": lambda t: _canonical_json(t, _block_list),
+    "rounding": _rounding,
+}
+
+
+def _global_method(text: str) -> str | None:
+    """A global file's method: ``random`` (``fedlib random-mask``), or a server schedule
+    (:attr:`fedlib.server.strategy.Strategy.schedules`) optionally followed by
+    ``[<client method>]<label>`` (a vote hook's label, e.g. ``+rr``). Returns the client
+    method, if named."""
+    from fedlib.server import STRATEGIES
+
+    schedules = {s for strategy in STRATEGIES.values() for s in strategy.schedules}
+    match = re.fullmatch(r"([a-z][a-z0-9-]*)(?:\[([a-z0-9_]+)\]([A-Za-z0-9_.+-]*))?", text)
+    if text == "random":
+        return None
+    if match is None or match[1] not in schedules or (match[2] is not None and match[2] not in METHODS):
+        raise ValueError(f"expected 'random', or one of {sorted(schedules)} with an optional "
+                         f"[<method>]<label>, <method> one of {sorted(METHODS)}; got {_show(text)}")
+    return match[2]
+
+
+def _safetensors_header(path: Path) -> tuple[dict, bytes, int]:
+    """(parsed JSON header, its bytes with the 8-byte length prefix, the file's size)."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise MaskFileError(path, "file", f"not a readable safetensors file: {size} bytes, shorter than the 8-byte header length")
+        length = int.from_bytes(prefix, "little")
+        if length > min(MAX_HEADER_BYTES, size - 8):
+            raise MaskFileError(path, "file", f"not a readable safetensors file: header length {length} beyond the file's "
+                                              f"{size} bytes (or safetensors' limit {MAX_HEADER_BYTES})")
+        raw = handle.read(length)
+    try:
+        parsed = strict_json(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise MaskFileError(path, "file", f"not a readable safetensors file: its header is not JSON ({err})") from None
+    if not isinstance(parsed, dict):
+        raise MaskFileError(path, "file", "not a readable safetensors file: its header is not a JSON object")
+    return parsed, prefix + raw, size
 
 
 def read_header(
@@ -216,63 +451,135 @@ def read_header(
     expected_layers: Sequence[LayerInfo] | None = None,
     whole_model: bool = True,
 ) -> MaskHeader:
-    """Parse and check a mask file's metadata (no bits are read). ``whole_model=False``: the
-    file holds some blocks of the model (a round of iterative FedPrLLM), so a non-uniform
-    allocation need not meet the sparsity budget over them."""
+    """Parse and check a mask file's header (no bits are read): the safetensors header exactly
+    as fedlib writes it, the metadata (module docstring), the tensors the metadata implies and
+    the counts it claims. ``whole_model=False``: the file holds some blocks of the model (a
+    round of iterative FedPrLLM), so a non-uniform allocation need not meet the sparsity
+    budget over them."""
     path = Path(path)
     if not path.is_file():
         raise MaskFileError(path, "file", "not found")
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            meta = dict(handle.metadata() or {})
-            keys = set(handle.keys())
-    except Exception as err:  # truncated or not safetensors at all
-        raise MaskFileError(path, "file", f"not a readable safetensors file ({err})") from None
-    if meta.get("format") != FORMAT:
-        raise MaskFileError(path, "format", f"expected {FORMAT!r}, got {meta.get('format')!r}")
-    version = _field(meta, "format_version", path, int)
-    if version != FORMAT_VERSION:
-        raise MaskFileError(path, "format_version", f"expected {FORMAT_VERSION}, got {version}")
-    try:
-        layers = json.loads(_field(meta, "layers", path))
-        for layer in layers:
-            layer["shape"] = [int(x) for x in layer["shape"]]
-            layer["pruned"] = int(layer["pruned"])
-            str(layer["name"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise MaskFileError(path, "layers", f"expected a JSON list of {{name, shape, pruned}} ({err})") from None
-    header = MaskHeader(
-        path=path,
-        fingerprint=_field(meta, "model_fingerprint", path),
-        role=_field(meta, "role", path),
-        client_id=_field(meta, "client_id", path),
-        method=_field(meta, "method", path),
-        group=_field(meta, "group", path),
-        sparsity=_field(meta, "sparsity", path, float),
-        allocation=_field(meta, "allocation", path),
-        n_samples=_field(meta, "n_samples", path, int),
-        seed=_field(meta, "seed", path, int),
-        n_clients=_field(meta, "n_clients", path, int),
-        layers=layers,
-        extra={k[2:]: v for k, v in meta.items() if k.startswith("x_")},
-    )
-    _check_header(header, keys, expected_fingerprint, expected_layers, whole_model)
+    parsed, head, size = _safetensors_header(path)
+    meta = parsed.get("__metadata__")
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise MaskFileError(path, "format", f"expected {FORMAT!r} in string metadata, the file has none")
+    header = _parse_metadata(path, meta)
+    _check_tensors(header, {k: v for k, v in parsed.items() if k != "__metadata__"}, meta, head, size)
+    _check_header(header, expected_fingerprint, expected_layers, whole_model)
     return header
 
 
-def _check_header(header: MaskHeader, keys: set, fingerprint, expected_layers, whole_model: bool) -> None:
-    path = header.path
-    if header.role not in ("client", "global"):
-        raise MaskFileError(path, "role", f"expected 'client' or 'global', got {header.role!r}")
-    if header.group not in GROUPS:
+def _parse_metadata(path: Path, meta: dict) -> MaskHeader:
+    if meta.get("format") != FORMAT:
+        raise MaskFileError(path, "format", f"expected {FORMAT!r}, got {_show(meta.get('format'))}")
+    if meta.get("format_version") != str(FORMAT_VERSION):
+        raise MaskFileError(path, "format_version", f"expected {str(FORMAT_VERSION)!r}, got {_show(meta.get('format_version'))}")
+    values = {}
+    for key in METADATA_FIELDS[2:]:
+        if key not in meta:
+            raise MaskFileError(path, key, "missing")
         try:
-            parse_nm(header.group)
+            values[key] = _PARSE[key](meta[key])
         except ValueError as err:
-            raise MaskFileError(path, "group", str(err)) from None
+            raise MaskFileError(path, key, str(err)) from None
+    role, payload = values["role"], PAYLOAD if "x_payload" in meta else "mask"
+    always, optional = EXTRAS[(role, payload)]
+    allowed = set(METADATA_FIELDS) | {f"x_{k}" for k in always + optional}
+    unknown = sorted(set(meta) - allowed)
+    if unknown:
+        raise MaskFileError(path, unknown[0], f"not a field of a {role} {payload} file; its x_ fields are "
+                                              f"{sorted(always + optional)}")
+    extra = {}
+    for key in always + optional:
+        if f"x_{key}" not in meta:
+            if key in always:
+                raise MaskFileError(path, f"x_{key}", f"missing (a {role} {payload} file carries it)")
+            continue
+        try:
+            _PARSE_EXTRA[key](meta[f"x_{key}"])
+        except ValueError as err:
+            raise MaskFileError(path, f"x_{key}", str(err)) from None
+        extra[key] = meta[f"x_{key}"]
+    header = MaskHeader(
+        path=path, fingerprint=values["model_fingerprint"], role=role, client_id=values["client_id"],
+        method=values["method"], group=values["group"], sparsity=values["sparsity"],
+        allocation=values["allocation"], n_samples=values["n_samples"], seed=values["seed"],
+        n_clients=values["n_clients"], layers=values["layers"], extra=extra, payload=payload,
+    )
     if not 0.0 <= header.sparsity < 1.0:
         raise MaskFileError(path, "sparsity", f"expected a fraction in [0, 1), got {header.sparsity}")
-    if header.allocation not in ("uniform", "nonuniform"):
-        raise MaskFileError(path, "allocation", f"expected 'uniform' or 'nonuniform', got {header.allocation!r}")
+    _check_method(header)
+    return header
+
+
+def _check_method(header: MaskHeader) -> None:
+    """The method is one fedlib knows, and the allocation is the one it makes."""
+    path = header.path
+    if header.role == "client":
+        if header.method not in METHODS:
+            raise MaskFileError(path, "method", f"expected one of {sorted(METHODS)}, got {_show(header.method)}")
+        if header.n_clients != 1:
+            raise MaskFileError(path, "n_clients", f"a client file is one client's: expected 1, got {header.n_clients}")
+        method = header.method
+    else:
+        try:
+            method = _global_method(header.method)
+        except ValueError as err:
+            raise MaskFileError(path, "method", str(err)) from None
+        if header.n_clients < 1:
+            raise MaskFileError(path, "n_clients", "a global file aggregates at least 1 client, got 0")
+    # a weight file's allocation is measured by its writer (Eq. 7's ceil makes it nonuniform)
+    if method is not None and header.payload == "mask" and header.allocation != METHODS[method].allocation:
+        raise MaskFileError(path, "allocation", f"{method} allocates {METHODS[method].allocation}ly, "
+                                                f"the file claims {header.allocation!r}")
+    if header.role == "client" and header.allocation == "nonuniform" and header.group not in GROUPS:
+        raise MaskFileError(path, "group", f"a nonuniform allocation needs an unstructured group {GROUPS}, "
+                                           f"got {header.group!r}")
+
+
+def _check_tensors(header: MaskHeader, entries: dict, meta: dict, head: bytes, size: int) -> None:
+    """The file holds exactly the tensors its metadata implies (``mask:`` per layer; ``votes:``
+    per layer or none in a global file; ``weight:`` per layer in a weight file), with their
+    dtypes and shapes, laid out and written exactly as :class:`MaskWriter` does."""
+    path = header.path
+    header.votes = any(name.startswith("votes:") for name in entries)
+    if header.votes and header.role != "global":
+        name = next(name for name in sorted(entries) if name.startswith("votes:"))
+        raise MaskFileError(path, name, "a client file carries no vote counts")
+    declared = {}
+    for layer in header.layers:
+        shape = tuple(layer["shape"])
+        declared[f"mask:{layer['name']}"] = (torch.uint8, ((math.prod(shape) + 7) // 8,))
+        if header.votes:
+            declared[f"votes:{layer['name']}"] = (votes_dtype(header.n_clients), shape)
+        if header.payload == PAYLOAD:
+            declared[f"{WEIGHT_PREFIX}{layer['name']}"] = (WEIGHT_DTYPES[header.extra["weight_dtype"]], shape)
+    for name in sorted(entries):
+        if name not in declared:
+            raise MaskFileError(path, name, f"unexpected tensor: a {header.role} {header.payload} file holds "
+                                            f"mask:{'/votes:' * header.votes}"
+                                            f"{'/' + WEIGHT_PREFIX if header.payload == PAYLOAD else ''}<layer> "
+                                            "for its layers only")
+    canonical, spans = safetensors_layout(declared, meta, path)
+    for name, (dtype, shape) in declared.items():
+        entry = entries.get(name)
+        if entry is None:
+            raise MaskFileError(path, name, "tensor missing")
+        offset, nbytes = spans[name]
+        wanted = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        if entry != wanted:
+            raise MaskFileError(path, name, f"expected {_show(wanted, 120)}, got {_show(entry, 120)}")
+    if head != canonical:
+        raise MaskFileError(path, "file", "safetensors header not in the form fedlib writes (sorted keys, no "
+                                          "whitespace, ASCII escapes, padded with spaces to 8 bytes)")
+    expected_size = len(canonical) + sum(nbytes for _, nbytes in spans.values())
+    if size != expected_size:
+        raise MaskFileError(path, "file", f"{size} bytes, its header describes {expected_size}")
+    header.tensors = {name: (dtype, shape, len(canonical) + spans[name][0]) for name, (dtype, shape) in declared.items()}
+
+
+def _check_header(header: MaskHeader, fingerprint, expected_layers, whole_model: bool) -> None:
+    path = header.path
     if fingerprint is not None and header.fingerprint != fingerprint:
         raise MaskFileError(
             path, "model_fingerprint",
@@ -288,24 +595,42 @@ def _check_header(header: MaskHeader, keys: set, fingerprint, expected_layers, w
                 f"{len(claimed)} layers vs model {len(wanted)}",
             )
             raise MaskFileError(path, "layers", f"do not match the model's prunable layers: {diff}")
+    if header.group not in GROUPS:
+        m = parse_nm(header.group)[1]
+        odd = next((layer for layer in header.layers if layer["shape"][1] % m), None)
+        if odd is not None:
+            raise MaskFileError(path, "group", f"{header.group}: {odd['name']} has {odd['shape'][1]} input columns, "
+                                               f"not a multiple of {m}")
+    bounds = _layer_bounds(header)
+    if header.allocation == "nonuniform" and header.payload == PAYLOAD and all(
+            layer["pruned"] == expected_pruned(tuple(layer["shape"]), header.sparsity, header.group)
+            for layer in header.layers):
+        # the writer measures a weight file's allocation: uniform counts are written "uniform"
+        raise MaskFileError(path, "allocation", "'nonuniform', but every layer prunes exactly the uniform count")
     for layer in header.layers:
-        numel = math.prod(layer["shape"])
-        if f"mask:{layer['name']}" not in keys:
-            raise MaskFileError(path, f"mask:{layer['name']}", "tensor missing")
-        if not 0 <= layer["pruned"] <= numel:
-            raise MaskFileError(path, "layers", f"{layer['name']}: pruned count {layer['pruned']} outside 0..{numel}")
+        shape = tuple(layer["shape"])
         if header.allocation == "uniform":
-            expected = expected_pruned(tuple(layer["shape"]), header.sparsity, header.group)
+            expected = expected_pruned(shape, header.sparsity, header.group)
             if layer["pruned"] != expected:
                 raise MaskFileError(
                     path, "sparsity",
                     f"{layer['name']} claims {layer['pruned']} pruned weights; a uniform "
                     f"{header.sparsity} {header.group} mask has exactly {expected}",
                 )
+        elif bounds is not None:
+            lo, hi, ceil = bounds
+            low = expected_pruned(shape, lo, header.group)
+            high = (ceil_pruned if ceil else expected_pruned)(shape, hi, header.group)
+            if not low <= layer["pruned"] <= high:
+                raise MaskFileError(
+                    path, "layers",
+                    f"{layer['name']} claims {layer['pruned']} of {math.prod(shape)} weights pruned; "
+                    f"{header.method} at {header.sparsity} gives a layer {low}..{high} ({header.group} groups)",
+                )
     if not whole_model:  # uniform: every layer's count was checked above
         return
     target = group_sparsity(header.group, header.sparsity)
-    actual = header.total_pruned / max(header.total_weights, 1)
+    actual = header.total_pruned / header.total_weights
     if abs(actual - target) > SPARSITY_TOLERANCE + _rounding_slack(header):
         raise MaskFileError(
             path, "sparsity",
@@ -313,11 +638,35 @@ def _check_header(header: MaskHeader, keys: set, fingerprint, expected_layers, w
         )
 
 
+def _layer_bounds(header: MaskHeader) -> tuple[float, float, bool] | None:
+    """The fractions (lo, hi) a client's nonuniform layer may be pruned at, and whether a group
+    may round up (a weight file: Eq. 7's ceil): what its method declares
+    (:meth:`fedlib.methods.base.LayerPruner.layer_sparsity_bounds`) for the file's options.
+    None for a global file: the server's own allocation, bounded by the whole-model budget."""
+    if header.role != "client":
+        return None
+    options = json.loads(header.extra.get("method_options", "{}"))
+    try:
+        lo, hi = METHODS[header.method].layer_sparsity_bounds(header.sparsity, options)
+    except (TypeError, ValueError) as err:
+        raise MaskFileError(header.path, "x_method_options", str(err)) from None
+    # the method's ratios are float64 arithmetic: a hair of slack before counts are floored
+    return max(0.0, lo - 1e-9), min(1.0, hi + 1e-9), header.payload == PAYLOAD
+
+
+def ceil_pruned(shape: tuple[int, int], sparsity: float, group: str) -> int:
+    """Like :func:`fedlib.groups.expected_pruned`, each group rounding ``s·d`` up (Eq. 7)."""
+    rows, cols = shape
+    if group not in GROUPS:
+        return expected_pruned(shape, sparsity, group)  # N of every M: no rounding
+    groups, size = {"layer": (1, rows * cols), "row": (rows, cols), "column": (cols, rows)}[group]
+    return groups * min(size, math.ceil(size * sparsity - 1e-9))
+
+
 def _rounding_slack(header: MaskHeader) -> float:
     # row/column groups floor per row/column: at most one weight per group below target
-    if not header.layers:
-        return 0.0
     return max(1.0 / min(layer["shape"]) for layer in header.layers)
+
 
 
 class MaskFile:
@@ -331,24 +680,24 @@ class MaskFile:
         self._shapes = {layer["name"]: layer for layer in self.header.layers}
 
     def _tensor(self, key: str) -> torch.Tensor:
-        try:
-            with safe_open(str(self.path), framework="pt") as handle:
-                return handle.get_tensor(key)
-        except Exception as err:
-            raise MaskFileError(self.path, key, f"unreadable ({err})") from None
+        """A tensor's bytes where the checked header put them (a file changed since is caught
+        by its length here and by the checks on the values)."""
+        dtype, shape, offset = self.header.tensors[key]
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        buffer = bytearray(nbytes)
+        with open(self.path, "rb") as handle:
+            handle.seek(offset)
+            got = handle.readinto(buffer)
+        if got != nbytes:
+            raise MaskFileError(self.path, key, f"{got} of its {nbytes} bytes: the file changed since its header was read")
+        return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
 
     def layer_mask(self, name: str) -> torch.Tensor:
         layer = self._shapes[name]
         shape = layer["shape"]
-        packed = self._tensor(f"mask:{name}")
-        nbytes = (math.prod(shape) + 7) // 8
-        if packed.dtype != torch.uint8 or tuple(packed.shape) != (nbytes,):
-            raise MaskFileError(
-                self.path, f"mask:{name}",
-                f"expected uint8 of {nbytes} bytes for shape {shape}, got {packed.dtype} {tuple(packed.shape)}",
-            )
+        packed = self._tensor(f"mask:{name}")  # uint8, (numel + 7) // 8 bytes: the header says so
         mask = unpack_bits(packed, shape)
-        spare = nbytes * 8 - math.prod(shape)
+        spare = packed.numel() * 8 - math.prod(shape)
         if spare and int(packed[-1]) >> (8 - spare):
             raise MaskFileError(self.path, f"mask:{name}", "padding bits are not zero")
         pruned = int(mask.sum())
@@ -357,21 +706,63 @@ class MaskFile:
                 self.path, f"mask:{name}",
                 f"has {pruned} pruned weights but the header claims {layer['pruned']}",
             )
+        self._check_groups(name, mask)
         return mask
 
-    def layer_votes(self, name: str) -> torch.Tensor:
+    def _check_groups(self, name: str, mask: torch.Tensor) -> None:
+        """The comparison group's claim, group by group: a uniform mask prunes
+        :func:`fedlib.groups.pruned_count` of every row (column); N:M prunes N of every M; a
+        client's per-layer ratio is one ratio for the whole layer, so every row (column) of a
+        nonuniform client layer prunes the same count."""
+        header = self.header
+        group, rows = header.group, mask.shape[0]
+        if group not in GROUPS:
+            n, m = parse_nm(group)
+            counts, want, what = mask.reshape(rows, -1, m).sum(-1).reshape(-1), n, f"{group} prunes {n} of every {m}"
+        elif group == "layer" or (header.allocation == "nonuniform" and header.role != "client"):
+            return  # one group, or the server's own per-group expansion (FedSpaLLM)
+        else:
+            counts = mask.sum(1) if group == "row" else mask.sum(0)
+            if header.allocation == "uniform":
+                want = pruned_count(mask.shape[1] if group == "row" else rows, header.sparsity)
+                what = f"a uniform {header.sparsity} mask prunes {want} in every {group}"
+            else:
+                want = int(counts[0])
+                what = f"one ratio per layer prunes the same count ({want}) in every {group}"
+        odd = (counts != want).nonzero()
+        if len(odd):
+            index = int(odd[0, 0])
+            raise MaskFileError(self.path, f"mask:{name}", f"{group} group {index} prunes {int(counts[index])} "
+                                                           f"weights; {what}")
+
+    def layer_votes(self, name: str, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's vote counts, checked: 0..n_clients, and ``mask`` (read when not given)
+        prunes the most-voted weights of every group, as both servers select them (FedPrLLM's
+        top-k, FedSpaLLM's expansion; a defence records a monotone map of the counts it saw)."""
         key = f"votes:{name}"
-        votes = self._tensor(key)
-        shape = tuple(self._shapes[name]["shape"])
-        if tuple(votes.shape) != shape or votes.dtype not in (torch.uint8, torch.int16):
-            raise MaskFileError(self.path, key, f"expected uint8/int16 of shape {shape}")
+        votes = self._tensor(key)  # votes_dtype(n_clients), the layer's shape: the header says so
         if int(votes.min()) < 0 or int(votes.max()) > self.header.n_clients:
             raise MaskFileError(self.path, key, f"vote counts outside 0..{self.header.n_clients}")
+        mask = self.layer_mask(name) if mask is None else mask
+        group = self.header.group
+        if group in GROUPS:
+            by_group = {"layer": lambda t: t.reshape(1, -1), "row": lambda t: t, "column": lambda t: t.T}[group]
+        else:
+            by_group = lambda t: t.reshape(-1, parse_nm(group)[1])  # noqa: E731
+        v, m = by_group(votes), by_group(mask)
+        # in the stored dtype (a 7B layer's counts are 90 MB as int16): n_clients fits it
+        fewest_pruned = torch.where(m, v, torch.iinfo(v.dtype).max).amin(1)
+        most_kept = torch.where(m, 0, v).amax(1)
+        odd = (fewest_pruned < most_kept).nonzero()
+        if len(odd):
+            index = int(odd[0, 0])
+            raise MaskFileError(self.path, key, f"{group} group {index}: a pruned weight has "
+                                                f"{int(fewest_pruned[index])} votes, a kept one {int(most_kept[index])}; "
+                                                "a global mask prunes the most-voted weights")
         return votes.to(torch.int32)
 
     def has_votes(self) -> bool:
-        with safe_open(str(self.path), framework="pt") as handle:
-            return any(k.startswith("votes:") for k in handle.keys())
+        return self.header.votes
 
     def masks(self) -> dict[str, torch.Tensor]:
         return {layer["name"]: self.layer_mask(layer["name"]) for layer in self.header.layers}

@@ -2,8 +2,10 @@
 
 A weight file is a mask file (:mod:`fedlib.maskfile`: same header, same packed ``mask:<layer>``
 bits, same checks, every error naming file and field) that also carries one tensor
-``weight:<layer>`` per pruned linear (float16 or float32, the layer's shape, exactly 0 where the
-mask prunes) and the metadata ``x_payload = "weights"``, ``x_weight_dtype``, ``x_round``. A file
+``weight:<layer>`` per pruned linear (float16 or float32, the layer's shape, +0.0 where the
+mask prunes) and the metadata ``x_payload = "weights"``, ``x_weight_dtype``, ``x_round`` (a
+global file also ``x_uncovered_blocks``, the model's blocks it does not list, and from
+``fedlib aggregate`` ``x_rounding``; :data:`fedlib.maskfile.EXTRAS`). A file
 lists only the linears of the blocks the client pruned, in model order, whole blocks only. The
 server's global file has the same format (role ``global``, plus ``votes:<layer>`` = ``C_j``) and
 lists the blocks aggregated so far. Nothing here is unpickled: safetensors only.
@@ -19,12 +21,8 @@ import torch
 from torch import nn
 
 from fedlib.groups import expected_pruned
-from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter, read_header
+from fedlib.maskfile import PAYLOAD, WEIGHT_DTYPES, WEIGHT_PREFIX, MaskFile, MaskFileError, MaskWriter, read_header
 from fedlib.models import LayerInfo, linear_by_name
-
-WEIGHT_PREFIX = "weight:"
-PAYLOAD = "weights"
-WEIGHT_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 
 
 class WeightFileWriter(MaskWriter):
@@ -86,16 +84,11 @@ class WeightFile(MaskFile):
     def __init__(self, path: Path, expected_fingerprint: str | None = None,
                  expected_layers: Sequence[LayerInfo] | None = None):
         super().__init__(path, expected_fingerprint, expected_layers)
-        extra = self.header.extra
-        if extra.get("payload") != PAYLOAD:
-            raise MaskFileError(self.path, "x_payload", f"expected {PAYLOAD!r} (a FedSpaLLM weight file), got {extra.get('payload')!r}")
-        if extra.get("weight_dtype") not in WEIGHT_DTYPES:
-            raise MaskFileError(self.path, "x_weight_dtype", f"expected one of {sorted(WEIGHT_DTYPES)}, got {extra.get('weight_dtype')!r}")
-        try:
-            self.round = int(extra.get("round", ""))
-        except ValueError:
-            raise MaskFileError(self.path, "x_round", f"cannot parse {extra.get('round')!r} as int") from None
-        self.weight_dtype = WEIGHT_DTYPES[extra["weight_dtype"]]
+        if self.header.payload != PAYLOAD:
+            raise MaskFileError(self.path, "x_payload", f"missing: a mask file, not a weight file (x_payload={PAYLOAD!r})")
+        # the reader checked both (maskfile.EXTRAS) and the weight tensors' dtype and shape
+        self.round = int(self.header.extra["round"])
+        self.weight_dtype = WEIGHT_DTYPES[self.header.extra["weight_dtype"]]
 
     @property
     def layer_names(self) -> list[str]:
@@ -105,20 +98,18 @@ class WeightFile(MaskFile):
         return name in self._shapes
 
     def layer_weight(self, name: str, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The layer's weights as float32, checked: dtype, shape, finite, 0 where pruned."""
+        """The layer's weights as float32, checked: finite, +0.0 where pruned."""
         key = f"{WEIGHT_PREFIX}{name}"
         if not self.has_layer(name):
             raise MaskFileError(self.path, key, "layer not in this file")
-        weight = self._tensor(key)
-        shape = tuple(self._shapes[name]["shape"])
-        if weight.dtype != self.weight_dtype or tuple(weight.shape) != shape:
-            raise MaskFileError(self.path, key, f"expected {self.weight_dtype} of shape {shape}, got {weight.dtype} {tuple(weight.shape)}")
+        weight = self._tensor(key)  # x_weight_dtype, the layer's shape: the header says so
         if not torch.isfinite(weight).all():
             raise MaskFileError(self.path, key, "contains NaN or infinite values")
         mask = self.layer_mask(name) if mask is None else mask
-        bad = int((weight[mask] != 0).sum())
+        # +0.0 exactly, as the writer stores a pruned weight: -0.0 is another file for the same model
+        bad = int(((weight != 0) | torch.signbit(weight))[mask].sum())
         if bad:
-            raise MaskFileError(self.path, key, f"{bad} weights are nonzero where the mask prunes them")
+            raise MaskFileError(self.path, key, f"{bad} weights are not +0.0 where the mask prunes them")
         return weight.to(torch.float32)
 
     def blocks(self, model_layers: Sequence[LayerInfo]) -> list[int]:
@@ -143,6 +134,11 @@ def open_weight_file(
     subset = [info for info in model_layers if info.block in blocks]
     if assigned_blocks is not None and blocks != sorted(assigned_blocks):
         raise MaskFileError(path, "layers", f"covers blocks {blocks}, the server assigned {sorted(assigned_blocks)}")
+    if "uncovered_blocks" in header.extra:  # a global file: the model's blocks it does not list
+        uncovered = sorted({info.block for info in model_layers} - set(blocks))
+        if json.loads(header.extra["uncovered_blocks"]) != uncovered:
+            raise MaskFileError(path, "x_uncovered_blocks", f"{header.extra['uncovered_blocks']}, but the file "
+                                                            f"lists every block except {uncovered}")
     return WeightFile(path, fingerprint, subset)  # checks whole blocks, order and shapes
 
 

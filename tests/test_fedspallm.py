@@ -372,25 +372,33 @@ def test_weight_file_errors_name_file_and_field(model, tmp_path):
                     method="wanda", group="row", sparsity=0.5)
     with pytest.raises(MaskFileError, match=r"plain.mask.safetensors.*'x_payload'"):
         open_weight_file(plain, fp, layers)
+    # nor is an upload a FedPrLLM client's mask file
+    from fedlib.server import FedPrLLM
+    with pytest.raises(MaskFileError, match=r"client_0.*'x_payload': fedprllm clients send mask, this file holds weights"):
+        FedPrLLM().aggregate([path], fp, layers, out)
     # nonzero weights where the mask prunes
     up = fedspallm_client(model, clients[0], [0, 1], 0.5, 0)
     bad = tmp_path / "bad.safetensors"
     write_weight_file(bad, up.masks, up.weights, layers, fingerprint=fp, role="client", client_id="1",
                       method="sparsegpt_update", group="layer", sparsity=0.5)
     from safetensors import safe_open
-    from safetensors.torch import save_file
+    from fedlib.io import write_safetensors
     with safe_open(str(bad), "pt") as h:
         tensors = {k: h.get_tensor(k) for k in h.keys()}
         meta = h.metadata()
     key = f"weight:{layers[0].name}"
     tensors[key] = tensors[key] + 1.0
-    save_file(tensors, str(bad), metadata=meta)
-    with pytest.raises(MaskFileError, match=rf"bad.safetensors.*'{key}'.*nonzero"):
+    write_safetensors(bad, tensors, meta)
+    with pytest.raises(MaskFileError, match=rf"bad.safetensors.*'{key}'.*not \+0.0 where the mask prunes"):
+        open_weight_file(bad, fp, layers).layer_weight(layers[0].name)
+    tensors[key] = -(tensors[key] - 1.0)  # the upload negated: -0.0 where pruned, not what the writer stores
+    write_safetensors(bad, tensors, meta)
+    with pytest.raises(MaskFileError, match=rf"'{key}'.*not \+0.0"):
         open_weight_file(bad, fp, layers).layer_weight(layers[0].name)
     tensors[key] = tensors[key].half()
-    save_file(tensors, str(bad), metadata=meta)
-    with pytest.raises(MaskFileError, match=rf"'{key}'.*expected torch.float32"):
-        open_weight_file(bad, fp, layers).layer_weight(layers[0].name)
+    write_safetensors(bad, tensors, meta)
+    with pytest.raises(MaskFileError, match=rf"'{key}'.*expected .*'F32'"):
+        open_weight_file(bad, fp, layers)
     # a half block is refused
     half = tmp_path / "half.safetensors"
     one = [layers[0]]

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from fedlib.io import write_safetensors
 from fedlib.maskfile import MaskFile, MaskFileError, pack_bits, read_header, unpack_bits, write_mask_file
 from fedlib.models import fingerprint, prunable_layers
 from fedlib.client import prune_locally
@@ -28,12 +28,12 @@ def test_bit_order_is_documented_lsb_first():
     assert pack_bits(mask).tolist() == [1, 2]
 
 
-def _client_file(model, path, sparsity=0.5, group="row", client_id="0", masks=None, **kw):
+def _client_file(model, path, sparsity=0.5, group="row", client_id="0", masks=None, method="wanda", **kw):
     layers = prunable_layers(model)
     if masks is None:
-        masks = prune_locally(model, torch.randint(0, 128, (2, 8)), "wanda", sparsity, group, 0).masks
+        masks = prune_locally(model, torch.randint(0, 128, (2, 8)), method, sparsity, group, 0).masks
     write_mask_file(path, masks, layers, fingerprint=fingerprint(model), role="client",
-                    client_id=client_id, method="wanda", group=group, sparsity=sparsity,
+                    client_id=client_id, method=method, group=group, sparsity=sparsity,
                     n_samples=2, seed=0, **kw)
     return masks
 
@@ -84,12 +84,13 @@ def test_rejects_truncated_and_garbage(model, tmp_path):
 
 
 def _rewrite(path, out, metadata_update=None, tensor_update=None):
+    """``path`` with some metadata or tensors replaced, written as fedlib writes (canonical bytes)."""
     with safe_open(str(path), framework="pt") as handle:
         meta = dict(handle.metadata())
         tensors = {k: handle.get_tensor(k) for k in handle.keys()}
     meta.update(metadata_update or {})
     tensors.update(tensor_update or {})
-    save_file(tensors, str(out), metadata=meta)
+    write_safetensors(out, tensors, meta)
 
 
 def test_rejects_sparsity_that_does_not_match_claim(model, tmp_path):
@@ -120,17 +121,178 @@ def test_rejects_uniform_claim_with_wrong_per_layer_counts(model, tmp_path):
     _client_file(model, path, group="layer", masks=masks)
     with pytest.raises(MaskFileError, match="uniform"):
         read_header(path)
+    # a method that allocates per layer may do this; wanda may not claim it
     ok = tmp_path / "ok.mask.safetensors"
-    _client_file(model, ok, group="layer", masks=masks, allocation="nonuniform")
+    _client_file(model, ok, group="layer", masks=masks, method="owl", allocation="nonuniform")
     assert read_header(ok).allocation == "nonuniform"
+    _client_file(model, path, group="layer", masks=masks, allocation="nonuniform")
+    with pytest.raises(MaskFileError, match="'allocation': wanda allocates uniformly"):
+        read_header(path)
 
 
 def test_rejects_nonzero_padding(tmp_path):
     layers = [type("L", (), {"name": "w", "shape": (1, 3)})()]
     write_mask_file(tmp_path / "p.safetensors", {"w": torch.tensor([[True, False, False]])}, layers,
-                    fingerprint="f", role="client", client_id="0", method="m", group="layer",
+                    fingerprint="f", role="client", client_id="0", method="owl", group="layer",
                     sparsity=0.3333333333, allocation="nonuniform")
     _rewrite(tmp_path / "p.safetensors", tmp_path / "q.safetensors",
              tensor_update={"mask:w": torch.tensor([0b1001], dtype=torch.uint8)})
     with pytest.raises(MaskFileError, match="padding"):
         MaskFile(tmp_path / "q.safetensors").layer_mask("w")
+
+
+# --------------------------------------------------------------------------- issue 14's classes
+
+
+def _with_header(path, out, edit):
+    """``path`` with its JSON header text replaced by ``edit(text)`` (length prefix updated)."""
+    data = path.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    text = edit(data[8:8 + length].decode())
+    out.write_bytes(len(text.encode()).to_bytes(8, "little") + text.encode() + data[8 + length:])
+
+
+def _with_layers(path, out, edit):
+    """``path`` with its ``layers`` metadata text replaced by ``edit(text)``, written canonically."""
+    with safe_open(str(path), framework="pt") as handle:
+        meta = dict(handle.metadata())
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}
+    meta["layers"] = edit(meta["layers"])
+    write_safetensors(out, tensors, meta)
+
+
+def test_refuses_a_shape_that_overflows(model, tmp_path):
+    """`-1e400` parses as -inf in Python's json: it crashed int() with an OverflowError."""
+    path, bad = tmp_path / "c.mask.safetensors", tmp_path / "bad.mask.safetensors"
+    _client_file(model, path)
+    for literal in ["-1e400", "1e400", "32.0", "true", "4294967296", "1" * 5000, "NaN"]:
+        _with_layers(path, bad, lambda text: text.replace('"shape":[32,32]', f'"shape":[{literal},32]', 1))
+        with pytest.raises(MaskFileError, match=rf"{bad}: field 'layers'"):
+            read_header(bad)
+
+
+def test_refuses_a_header_padded_or_reformatted(model, tmp_path):
+    path, bad = tmp_path / "c.mask.safetensors", tmp_path / "bad.mask.safetensors"
+    _client_file(model, path)
+    for edit in [lambda t: t + " " * 8,                   # padded beyond the 8-byte alignment
+                 lambda t: " " * 8 + t,                   # whitespace JSON allows, fedlib never writes
+                 lambda t: t.replace(",", ", ", 1),
+                 lambda t: t.replace('"fedlib-mask"', '"fedlib\\u002dmask"')]:  # the same string, escaped
+        _with_header(path, bad, edit)
+        with pytest.raises(MaskFileError, match=rf"{bad}: field 'file': safetensors header not in the form"):
+            read_header(bad)
+    # the same content written by safetensors' own writer (another key order and layout)
+    from safetensors.torch import save_file
+    with safe_open(str(path), framework="pt") as handle:
+        save_file({k: handle.get_tensor(k) for k in handle.keys()}, str(bad), metadata=handle.metadata())
+    with pytest.raises(MaskFileError, match=rf"{bad}: field '"):
+        read_header(bad)
+    assert read_header(path).method == "wanda"  # the file fedlib wrote reads
+
+
+@pytest.mark.parametrize("edit", [
+    lambda t: t.replace('"pruned":', '"extra":1,"pruned":', 1),         # an extra key
+    lambda t: t.replace('{"name":', '{"shape":[1,1],"name":', 1),       # a key twice
+    lambda t: t.replace(',"pruned":', ',"Pruned":', 1),                  # a key missing
+    lambda t: json.dumps(json.loads(t)),                                 # whitespace
+    lambda t: "[" * 100_000 + "]" * 100_000,                             # nested beyond the stack
+])
+def test_refuses_a_malformed_layers_entry(model, tmp_path, edit):
+    path, bad = tmp_path / "c.mask.safetensors", tmp_path / "bad.mask.safetensors"
+    _client_file(model, path)
+    _with_layers(path, bad, edit)
+    with pytest.raises(MaskFileError, match=rf"{bad}: field 'layers'"):
+        read_header(bad)
+
+
+def test_refuses_unknown_metadata_and_tensors(model, tmp_path):
+    path, bad = tmp_path / "c.mask.safetensors", tmp_path / "bad.mask.safetensors"
+    _client_file(model, path)
+    _rewrite(path, bad, {"x_note": "hello"})
+    with pytest.raises(MaskFileError, match=r"field 'x_note': not a field of a client mask file"):
+        read_header(bad)
+    _rewrite(path, bad, tensor_update={"extra": torch.zeros(3)})
+    with pytest.raises(MaskFileError, match=r"field 'extra': unexpected tensor"):
+        read_header(bad)
+    name = read_header(path).layers[0]["name"]
+    _rewrite(path, bad, tensor_update={f"votes:{name}": torch.zeros(32, 32, dtype=torch.uint8)})
+    with pytest.raises(MaskFileError, match=rf"field 'votes:{name}': a client file carries no vote counts"):
+        read_header(bad)
+    for key, value in [("n_samples", "02"), ("seed", "-1"), ("sparsity", "0.50"), ("method", "nope"),
+                       ("group", "5:4"), ("n_clients", "2"), ("x_method_options", '{"lam":0.1}')]:
+        _rewrite(path, bad, {key: value})
+        with pytest.raises(MaskFileError, match=rf"{bad}: field '{key}'"):
+            read_header(bad)
+
+
+def _moved(masks, layers, moved: int | None):
+    """``masks`` with ``moved`` more weights pruned in the first layer (None: all of them) and as
+    many fewer in the next layers, in order: the whole-model budget is unchanged."""
+    masks = {k: v.clone() for k, v in masks.items()}
+    first = masks[layers[0].name].view(-1)
+    kept = (~first).nonzero()[:, 0]
+    kept = kept if moved is None else kept[:moved]
+    first[kept] = True
+    left = len(kept)
+    for info in layers[1:]:
+        flat = masks[info.name].view(-1)
+        taken = flat.nonzero()[:left, 0]
+        flat[taken] = False
+        left -= len(taken)
+        if not left:
+            return masks
+    raise AssertionError("not enough pruned weights to move")
+
+
+def test_nonuniform_allocation_is_bounded_by_the_method(model, tmp_path):
+    """An OWL client (lam 0.1) may give a layer 0.5 ± 0.2: a small move is accepted; 100 % in
+    one layer and 0 % in another at the same whole-model budget is refused."""
+    layers, path = prunable_layers(model), tmp_path / "owl.mask.safetensors"
+    options = {"outlier_m": 1.5, "lam": 0.1}
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(0))
+    owl = prune_locally(model, ids, "owl", 0.5, "layer", 0, method_options=options).masks
+
+    def write(masks):
+        write_mask_file(path, masks, layers, fingerprint=fingerprint(model), role="client", client_id="0",
+                        method="owl", group="layer", sparsity=0.5, allocation="nonuniform",
+                        extra={"method_options": json.dumps(options)})
+
+    write(_moved(owl, layers, 40))
+    read_header(path)
+    full = _moved(owl, layers, None)
+    assert int(full[layers[0].name].sum()) == 1024 and int(full[layers[1].name].sum()) == 0
+    write(full)
+    with pytest.raises(MaskFileError, match=rf"{path}: field 'layers': {layers[0].name} claims 1024 of 1024 "
+                                            r"weights pruned; owl at 0.5 gives a layer 307..716"):
+        read_header(path)
+
+
+def test_weight_upload_is_nonuniform_by_one_weight_per_group_at_most(model, tmp_path):
+    """A FedSpaLLM upload of a uniform method: each layer between the floor and the ceil of
+    s·d (Eq. 7); 100 % / 0 % is refused however the budget balances."""
+    from fedlib.federation import fedspallm_client
+    from fedlib.weightfile import open_weight_file, write_weight_file
+
+    layers, fp = prunable_layers(model), fingerprint(model)
+    up = fedspallm_client(model, torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1)),
+                          [0, 1], 0.7, 0)
+    path = tmp_path / "up.weights.safetensors"
+
+    def write(masks):
+        write_weight_file(path, masks, up.weights, layers, fingerprint=fp, role="client", client_id="0",
+                          method="sparsegpt_update", group="layer", sparsity=0.7)
+        return open_weight_file(path, fp, layers)
+
+    assert write(up.masks).header.allocation == "uniform"
+    masks = {k: v.clone() for k, v in up.masks.items()}
+    name = layers[0].name
+    masks[name].view(-1)[(~masks[name]).view(-1).nonzero()[0]] = True  # ceil(0.7 * 1024) = 717
+    assert write(masks).header.allocation == "nonuniform"
+    masks[name].view(-1)[(~masks[name]).view(-1).nonzero()[0]] = True  # 718: beyond the ceil
+    with pytest.raises(MaskFileError, match=rf"field 'layers': {name} claims 718 of 1024"):
+        write(masks)
+    masks = {k: v.clone() for k, v in up.masks.items()}
+    masks[layers[0].name][:] = True
+    masks[layers[1].name][:] = False
+    with pytest.raises(MaskFileError, match="field 'layers'"):
+        write(masks)

@@ -119,15 +119,18 @@ def test_refuses_bad_client_sets(model, tmp_path):
 @pytest.mark.parametrize("other", [dict(method="magnitude"), dict(group="column"), dict(sparsity=0.7)])
 def test_refuses_a_mixed_cohort(model, tmp_path, other):
     """Clients that pruned differently (another method, group or sparsity) are not one cohort:
-    the error names the odd file, the field and both values; nothing is written."""
+    the majority defines it wherever the odd file is in the list; the error names the odd
+    file, the field and both values; nothing is written."""
     paths, _ = _clients(model, tmp_path, n=2)
     odd, _ = _clients(model, tmp_path, n=1, first=2, **other)
     out = tmp_path / "global.mask.safetensors"
     (field, value), = other.items()
-    with pytest.raises(MaskFileError, match=rf"{odd[0]}: field '{field}': {value!r}, but {paths[0]} has") as error:
-        FedPrLLM(group="layer", sparsity=0.5, seed=0).aggregate(paths + odd, fingerprint(model),
-                                                               prunable_layers(model), out)
-    assert error.value.field == field and not out.exists()
+    for order in (odd + paths, paths + odd):
+        with pytest.raises(MaskFileError, match=rf"{odd[0]}: field '{field}': {value!r}, but 2 of the 3 clients "
+                                                rf"\(e.g. {paths[0]}\) have") as error:
+            FedPrLLM(group="layer", sparsity=0.5, seed=0).aggregate(order, fingerprint(model),
+                                                                   prunable_layers(model), out)
+        assert error.value.field == field and error.value.path == str(odd[0]) and not out.exists()
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -146,3 +149,80 @@ def test_server_opens_the_model_without_reading_a_tensor(tmp_path, tied):
     assert bare.layers() == full.layers() == prunable_layers(model)
     (tmp_path / "fedlib_model.json").unlink(missing_ok=True)  # no cached fingerprint: hash the files
     assert bare.fingerprint() == full.fingerprint() == fingerprint(model)
+
+
+def test_a_hostile_first_file_neither_blames_the_honest_nor_labels_the_result(model, tmp_path):
+    """The cohort is the majority (or what the server is told), never the first file: the error
+    names every file that disagrees; with a cohort given, the files that differ from it."""
+    honest, _ = _clients(model, tmp_path, n=3)
+    odd, _ = _clients(model, tmp_path, n=2, first=3, method="magnitude")
+    layers, fp, out = prunable_layers(model), fingerprint(model), tmp_path / "global.mask.safetensors"
+    server = FedPrLLM(group="layer", sparsity=0.5, seed=0)
+    with pytest.raises(MaskFileError, match=rf"{odd[0]}: field 'method': 'magnitude', but 3 of the 5 clients .* have "
+                                            rf"'wanda' \(also disagreeing: {odd[1]} has 'magnitude'\)"):
+        server.aggregate([odd[0], *honest, odd[1]], fp, layers, out)
+    assert not out.exists()
+    # 2 against 2: no majority, every file is named
+    with pytest.raises(MaskFileError, match=r"no majority among the 4 clients") as error:
+        server.aggregate([odd[0], honest[0], odd[1], honest[1]], fp, layers, out)
+    assert all(str(p) in error.value.path for p in [odd[0], honest[0], odd[1], honest[1]])
+    # told the cohort, the server names the files that differ from it, even a majority
+    with pytest.raises(MaskFileError, match=rf"{honest[0]}: field 'method': 'wanda', but the server expects "
+                                            rf"'magnitude' \(also disagreeing: {honest[1]} has 'wanda'; "):
+        server.aggregate([odd[0], *honest], fp, layers, out, cohort={"method": "magnitude"})
+    summary = server.aggregate([odd[0], odd[1]], fp, layers, out, cohort={"method": "magnitude", "sparsity": 0.5})
+    assert summary["n_clients"] == 2 and MaskFile(out).header.method == "fedprllm[magnitude]"
+    with pytest.raises(ValueError, match="the cohort is defined by method, group, sparsity, allocation"):
+        server.aggregate(honest, fp, layers, out, cohort={"seed": 0})
+
+
+def test_a_duplicate_client_id_names_both_files(model, tmp_path):
+    paths, _ = _clients(model, tmp_path, n=2)
+    (tmp_path / "other").mkdir()
+    twin, _ = _clients(model, tmp_path / "other", n=1)  # client_0 again
+    with pytest.raises(MaskFileError, match=rf"{paths[0]}, {twin[0]}: field 'client_id': '0' is in 2 files"):
+        FedPrLLM().aggregate([paths[0], paths[1], twin[0]], fingerprint(model), prunable_layers(model),
+                             tmp_path / "g.mask.safetensors")
+
+
+def test_cli_cohort_options(tiny_model_dir, tmp_path, capsys):
+    """`fedlib aggregate --client-method/--client-group/--client-sparsity`: what the workflow
+    passes, so that the server checks every file against the configuration."""
+    from fedlib.cli import main
+    from fedlib.models import load_model
+
+    model = load_model(str(tiny_model_dir))[0]
+    paths, _ = _clients(model, tmp_path, n=3)
+    out = tmp_path / "global.mask.safetensors"
+    base = ["aggregate", "--model", str(tiny_model_dir), "--out", str(out)]
+    assert main(base + ["--client-method", "wanda", "--client-group", "row", "--client-sparsity", "0.5",
+                        *map(str, paths)]) == 0
+    out.unlink()
+    assert main(base + ["--client-sparsity", "0.6", *map(str, paths)]) == 2
+    err = capsys.readouterr().err
+    assert f"{paths[0]}: field 'sparsity': 0.5, but the server expects 0.6" in err and not out.exists()
+
+
+def test_global_votes_must_agree_with_the_mask(model, tmp_path):
+    """A global file's counts are claims too: the mask prunes the most-voted weights of every
+    group, and no count exceeds the number of clients."""
+    from safetensors import safe_open
+
+    from fedlib.io import write_safetensors
+
+    paths, _ = _clients(model, tmp_path, n=3)
+    layers, out, bad = prunable_layers(model), tmp_path / "global.mask.safetensors", tmp_path / "bad.mask.safetensors"
+    FedPrLLM(group="row", sparsity=0.5, seed=0).aggregate(paths, fingerprint(model), layers, out)
+    name, mask = layers[0].name, MaskFile(out).layer_mask(layers[0].name)
+    with safe_open(str(out), framework="pt") as handle:
+        meta, tensors = handle.metadata(), {k: handle.get_tensor(k) for k in handle.keys()}
+    votes = tensors[f"votes:{name}"]
+    votes[0, mask[0].nonzero()[0, 0]], votes[0, (~mask[0]).nonzero()[0, 0]] = 0, 3
+    write_safetensors(bad, tensors, meta)
+    with pytest.raises(MaskFileError, match=rf"{bad}: field 'votes:{name}': row group 0: a pruned weight has 0 "
+                                            "votes, a kept one 3"):
+        MaskFile(bad).layer_votes(name)
+    votes[0] = 4
+    write_safetensors(bad, tensors, meta)
+    with pytest.raises(MaskFileError, match=rf"'votes:{name}': vote counts outside 0..3"):
+        MaskFile(bad).layer_votes(name)

@@ -6,7 +6,9 @@ inputs batch by batch (:meth:`LayerPruner.add_batch`) and then decides the layer
 the forward passes and hooks; a method only turns statistics into a mask, and may plug into the
 loop at the two points declared here (class methods, so they run before any layer object
 exists): :meth:`LayerPruner.plan` once per client before its pass (OWL), and
-:meth:`LayerPruner.allocate_block` once per block after its statistics are in (BESA).
+:meth:`LayerPruner.allocate_block` once per block after its statistics are in (BESA). A method
+that varies the sparsity per layer declares the range it can produce
+(:meth:`LayerPruner.layer_sparsity_bounds`), which mask file readers enforce.
 A new method is one module with a subclass, plus its entry in :data:`fedlib.methods.METHODS`.
 """
 
@@ -55,6 +57,14 @@ class LayerPruner:
         """Per-linear ratios of ``step``'s block for ``client``, once its statistics are
         collected (BESA learns them on the block's inputs); by default ``sparsity``."""
         return sparsity
+
+    @classmethod
+    def layer_sparsity_bounds(cls, sparsity: float, options: Mapping) -> tuple[float, float]:
+        """The range (lo, hi) of the sparsity this method can give one linear when the client's
+        target is ``sparsity`` and its options are ``options``: a reader refuses a mask file
+        claiming a layer outside it (before rounding to whole weights per group). Uniform
+        methods: exactly ``sparsity``. Raises ``ValueError`` on options the method rejects."""
+        return sparsity, sparsity
 
     def add_batch(self, inp: torch.Tensor) -> None:
         """Accumulate statistics from ``inp`` (..., in_features), the layer's input."""

@@ -263,6 +263,13 @@ class BESAPruner(WandaPruner):
         self.options = BESAOptions.from_mapping(options)
 
     @classmethod
+    def layer_sparsity_bounds(cls, sparsity: float, options: Mapping) -> tuple[float, float]:
+        """The whole candidate range [0, 1]: a layer's learned distribution can sit anywhere
+        on it, and re-centring clips to [0, 1]. Only the budget bounds a BESA file."""
+        BESAOptions.from_mapping(options)
+        return 0.0, 1.0
+
+    @classmethod
     def allocate_block(
         cls,
         step,

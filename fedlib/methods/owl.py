@@ -110,6 +110,15 @@ class OWLPruner(WandaPruner):
         self.outlier_m, self.lam = _check_options(outlier_m, lam)
 
     @classmethod
+    def layer_sparsity_bounds(cls, sparsity: float, options: Mapping) -> tuple[float, float]:
+        """``target ± 2·lam`` within [0, 1]: the rescaled outlier ratios span ``[0, 2·lam]``
+        and are centred on their (weighted) mean, so a block with the fewest (most) outliers
+        can sit up to ``2·lam`` above (below) the target, e.g. one outlier-rich block among
+        many; re-centring after clipping to [0, 1] only moves ratios towards the target."""
+        _, lam = _options(options)
+        return max(0.0, sparsity - 2 * lam), min(1.0, sparsity + 2 * lam)
+
+    @classmethod
     @torch.no_grad()
     def plan(
         cls,
@@ -124,11 +133,7 @@ class OWLPruner(WandaPruner):
         """Per-linear sparsity (all linears of a block share their block's ratio). ``model``:
         a model or :class:`~fedlib.models.ModelHandle`; ``placement``: where the dense pass
         runs (:class:`fedlib.runner.Placement`, default the CPU)."""
-        options = dict(options or {})
-        m, lam = _check_options(options.get("outlier_m", 5.0), options.get("lam", 0.08))
-        unknown = set(options) - {"outlier_m", "lam"}
-        if unknown:
-            raise ValueError(f"owl: unknown options {sorted(unknown)}; known: outlier_m, lam")
+        m, lam = _options(options)
         check_unstructured(cls.name, group)
         if input_ids is None:
             raise ValueError("owl needs calibration data")
@@ -157,6 +162,15 @@ def block_outlier_ratios(
         del stats
         step.propagate(0, None)  # dense propagation, as the reference's measuring pass
     return blocks, outliers, sizes
+
+
+def _options(options: Mapping | None) -> tuple[float, float]:
+    """(M, lambda) from ``method_options``, defaults filled in, checked."""
+    options = dict(options or {})
+    unknown = set(options) - {"outlier_m", "lam"}
+    if unknown:
+        raise ValueError(f"owl: unknown options {sorted(unknown)}; known: outlier_m, lam")
+    return _check_options(options.get("outlier_m", 5.0), options.get("lam", 0.08))
 
 
 def _check_options(m, lam) -> tuple[float, float]:

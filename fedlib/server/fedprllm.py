@@ -30,7 +30,9 @@ from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter
 from fedlib.models import LayerInfo
 from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 
-MODES = ("one-shot", "iterative")
+#: schedule -> the ``method`` prefix of its global files
+SCHEDULES = {"one-shot": "fedprllm", "iterative": "fedprllm-iterative"}
+MODES = tuple(SCHEDULES)
 
 
 def global_mask_from_votes(votes: torch.Tensor, sparsity: float, group: str, seed: int, name: str) -> torch.Tensor:
@@ -123,6 +125,7 @@ class FedPrLLM(Strategy):
     name = "fedprllm"
     send = "mask"
     cohort_fields = ("method", "group", "sparsity", "allocation")
+    schedules = tuple(SCHEDULES.values())
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -145,15 +148,15 @@ class FedPrLLM(Strategy):
     def layer_aggregator(self, info: LayerInfo, n_clients: int, allocation: str = "uniform") -> VoteCount:
         return VoteCount(self, info, n_clients, allocation)
 
-    def open_clients(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo]) -> list[MaskFile]:
+    def open_clients(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo],
+                     cohort: Mapping[str, object] | None = None) -> tuple[list[MaskFile], dict]:
+        """The clients' files, header-checked, and what they agree on (:meth:`check_cohort`)."""
         files = [MaskFile(p, fingerprint, layers, whole_model=self.mode == "one-shot") for p in paths]
-        self.check_cohort(files)
-        return files
+        return files, self.check_cohort(files, cohort)
 
     def global_method(self, client_method: str) -> str:
         """The global file's ``method``: the schedule, the clients' method, the hook's label."""
-        schedule = "fedprllm" if self.mode == "one-shot" else "fedprllm-iterative"
-        return f"{schedule}[{client_method}]{self.hook.label if self.hook else ''}"
+        return f"{SCHEDULES[self.mode]}[{client_method}]{self.hook.label if self.hook else ''}"
 
     def round_layers(self, layers: Sequence[LayerInfo], round_index: int | None
                      ) -> tuple[list[LayerInfo], list[LayerInfo]]:
@@ -169,7 +172,8 @@ class FedPrLLM(Strategy):
                 [info for info in layers if info.block == round_index])
 
     def open_previous(self, path: Path | None, fingerprint: str, settled: Sequence[LayerInfo],
-                      clients: Sequence[MaskFile], round_index: int | None) -> MaskFile | None:
+                      clients: Sequence[MaskFile], cohort: Mapping[str, object],
+                      round_index: int | None) -> MaskFile | None:
         """The global file of the earlier rounds of an iterative federation: it holds exactly the
         settled blocks' layers, with votes, from the same server settings and number of clients."""
         if not settled:
@@ -180,9 +184,8 @@ class FedPrLLM(Strategy):
             raise ValueError(f"fedprllm iterative: round {round_index} continues the global file of rounds "
                              f"0..{round_index - 1} (give it as the previous file)")
         previous = MaskFile(path, fingerprint, settled, whole_model=False)
-        first = clients[0].header
-        expected = {"role": "global", "method": self.global_method(first.method), "group": self.group,
-                    "sparsity": self.sparsity, "allocation": first.allocation, "n_clients": len(clients)}
+        expected = {"role": "global", "method": self.global_method(cohort["method"]), "group": self.group,
+                    "sparsity": self.sparsity, "allocation": cohort["allocation"], "n_clients": len(clients)}
         for name, value in expected.items():
             if getattr(previous.header, name) != value:
                 raise MaskFileError(path, name, f"expected {value!r} (this round's server and clients), "
@@ -192,26 +195,27 @@ class FedPrLLM(Strategy):
         return previous
 
     def aggregate(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo], out: Path,
-                  *, round_index: int | None = None, previous: Path | None = None) -> dict:
+                  *, round_index: int | None = None, previous: Path | None = None,
+                  cohort: Mapping[str, object] | None = None) -> dict:
         """One round from client files. One-shot: the clients' files cover every layer.
         Iterative round ``l``: they cover block ``l``; the output is ``previous`` (blocks < l)
         plus block ``l``, so the last round's file is the whole global mask."""
         if isinstance(self.sparsity, Mapping):
             raise ValueError("fedprllm: file aggregation takes one server sparsity (a float)")
         settled, current = self.round_layers(layers, round_index)
-        files = self.open_clients(paths, fingerprint, current)
-        earlier = self.open_previous(previous, fingerprint, settled, files, round_index)
-        first = files[0].header
-        allocation = first.allocation
+        files, agreed = self.open_clients(paths, fingerprint, current, cohort)
+        earlier = self.open_previous(previous, fingerprint, settled, files, agreed, round_index)
+        allocation = agreed["allocation"]
         hook = self.hook or VoteHook()
         with MaskWriter(
             out, settled + current, fingerprint=fingerprint, role="global", client_id="server",
-            method=self.global_method(first.method), group=self.group, sparsity=self.sparsity,
+            method=self.global_method(agreed["method"]), group=self.group, sparsity=self.sparsity,
             allocation=allocation, n_samples=sum(f.header.n_samples for f in files), seed=self.seed,
             n_clients=len(files), votes=True, extra=hook.header_extra() or None,
         ) as writer:
             for info in settled:
-                writer.add(info.name, earlier.layer_mask(info.name), earlier.layer_votes(info.name))
+                mask = earlier.layer_mask(info.name)
+                writer.add(info.name, mask, earlier.layer_votes(info.name, mask))
             for info in current:  # one layer at a time, from the clients' files to the global file
                 layer = self.layer_aggregator(info, len(files), allocation)
                 for f in files:

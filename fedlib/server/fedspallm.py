@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -281,6 +281,7 @@ class FedSpaLLM(Strategy):
     name = "fedspallm"
     send = "weights+mask"
     cohort_fields = ("method", "group", "sparsity")
+    schedules = ("fedspallm",)
 
     def __post_init__(self):
         if self.group not in GROUPS:
@@ -324,6 +325,7 @@ class FedSpaLLM(Strategy):
         previous: Path | None = None,
         round_index: int | None = None,
         assigned: Sequence[Sequence[int]] | None = None,
+        cohort: Mapping[str, object] | None = None,
     ) -> dict:
         """ℓ0-aggregate and expand every layer some upload covers; layers no upload covers are
         copied from ``previous`` (the last round's global file) when given. ``assigned[i]`` is
@@ -335,7 +337,7 @@ class FedSpaLLM(Strategy):
             raise ValueError(f"the round plan has {len(assigned)} clients, {len(paths)} files were given")
         files = [open_weight_file(Path(path), fingerprint, layers, None if assigned is None else assigned[i])
                  for i, path in enumerate(paths)]
-        self.check_cohort(files)
+        agreed = self.check_cohort(files, cohort)
         for f in files:
             if round_index is not None and f.round != round_index:
                 raise MaskFileError(f.path, "x_round", f"upload for round {f.round}, aggregating round {round_index}")
@@ -357,7 +359,7 @@ class FedSpaLLM(Strategy):
             elif info.name in prev_names:
                 masks[info.name] = prev.layer_mask(info.name)
                 weights[info.name] = prev.layer_weight(info.name, masks[info.name])
-                votes[info.name] = prev.layer_votes(info.name)
+                votes[info.name] = prev.layer_votes(info.name, masks[info.name])
             else:
                 continue
             covered.append(info)
@@ -368,7 +370,7 @@ class FedSpaLLM(Strategy):
         round_value = round_index if round_index is not None else max(f.round for f in files)
         write_weight_file(
             Path(out), masks, weights, covered, fingerprint=fingerprint, role="global",
-            client_id="server", method=f"fedspallm[{files[0].header.method}]", group=self.group,
+            client_id="server", method=f"{self.name}[{agreed['method']}]", group=self.group,
             sparsity=self.sparsity, n_samples=sum(f.header.n_samples for f in files), seed=self.seed,
             n_clients=max(len(files), prev.header.n_clients if prev is not None else 0),
             weight_dtype="float32", round_index=round_value, votes=votes,

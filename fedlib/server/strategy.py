@@ -25,14 +25,14 @@ schema's enum when the workflow should offer it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
-from fedlib.maskfile import MaskFile, MaskFileError
+from fedlib.maskfile import PAYLOAD, MaskFile, MaskFileError
 from fedlib.models import LayerInfo
 
 
@@ -80,6 +80,9 @@ class Strategy:
     #: header fields every client of one aggregation must share (the model fingerprint and
     #: layers are checked against the server's model when each file is opened)
     cohort_fields: ClassVar[tuple[str, ...]] = ("method", "group", "sparsity")
+    #: what the ``method`` of this strategy's global files starts with (the mask file reader
+    #: refuses other global methods: :mod:`fedlib.maskfile`)
+    schedules: ClassVar[tuple[str, ...]] = ()
 
     def n_rounds(self, n_blocks: int) -> int:
         raise NotImplementedError
@@ -95,29 +98,62 @@ class Strategy:
     def aggregate(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo], out: Path,
                   **options) -> dict:
         """One round from client files: read the uploads in ``paths`` layer by layer and write the
-        global file ``out``. Returns a summary."""
+        global file ``out``. Returns a summary. Every strategy takes the option ``cohort``: the
+        values of :attr:`cohort_fields` the clients must have (:meth:`check_cohort`)."""
         raise NotImplementedError
 
     def _check_round(self, round_index: int, n_blocks: int) -> None:
         if not 0 <= round_index < self.n_rounds(n_blocks):
             raise ValueError(f"{self.name}: round {round_index} outside 0..{self.n_rounds(n_blocks) - 1}")
 
-    def check_cohort(self, files: Sequence[MaskFile]) -> None:
-        """Clients of one aggregation: role ``client``, distinct ids, and the same
-        :attr:`cohort_fields`; the error names the odd file, the field and both values."""
+    def check_cohort(self, files: Sequence[MaskFile], expected: Mapping[str, object] | None = None) -> dict:
+        """Clients of one aggregation: role ``client``, the payload :attr:`send` says, distinct
+        ids, and one value of each of :attr:`cohort_fields`, which is returned. A field's value
+        is ``expected[field]`` when the server was told it (``fedlib aggregate --client-method``
+        ...), else the value of a strict majority of the files: the order of the files never
+        decides who is wrong. The error names every file that disagrees, the field and both
+        values."""
         if not files:
             raise ValueError(f"{self.name}: aggregation needs at least one client file")
-        seen: dict[str, Path] = {}
+        expected = dict(expected or {})
+        unknown = sorted(set(expected) - set(self.cohort_fields))
+        if unknown:
+            raise ValueError(f"{self.name}: the cohort is defined by {', '.join(self.cohort_fields)}, not {unknown}")
+        senders: dict[str, list[Path]] = {}
         for f in files:
             if f.header.role != "client":
                 raise MaskFileError(f.path, "role", f"expected 'client', got {f.header.role!r}")
-            if f.header.client_id in seen:
-                raise MaskFileError(f.path, "client_id", f"{f.header.client_id!r} also sent {seen[f.header.client_id]}")
-            seen[f.header.client_id] = f.path
-        first = files[0].header
-        for f in files[1:]:
-            for name in self.cohort_fields:
-                if getattr(f.header, name) != getattr(first, name):
-                    raise MaskFileError(
-                        f.path, name, f"{getattr(f.header, name)!r}, but {first.path} has {getattr(first, name)!r}: "
-                        f"the clients of one aggregation agree on {', '.join(self.cohort_fields)}")
+            if (f.header.payload == PAYLOAD) != (self.send == "weights+mask"):
+                holds = "weights and masks" if f.header.payload == PAYLOAD else "masks only"
+                raise MaskFileError(f.path, "x_payload", f"{self.name} clients send {self.send}, this file holds {holds}")
+            senders.setdefault(f.header.client_id, []).append(f.path)
+        for client_id, paths in senders.items():
+            if len(paths) > 1:  # which one is the impostor, no file can tell: all are named
+                raise MaskFileError(_paths(paths), "client_id", f"{client_id!r} is in {len(paths)} files; "
+                                                                "the clients of one aggregation have distinct ids")
+        cohort = {}
+        agree = f"the clients of one aggregation agree on {', '.join(self.cohort_fields)}"
+        for name in self.cohort_fields:
+            holders: dict[object, list[Path]] = {}
+            for f in files:
+                holders.setdefault(getattr(f.header, name), []).append(f.path)
+            if name in expected:
+                value, source = expected[name], "the server expects"
+            else:
+                value, majority = max(holders.items(), key=lambda item: len(item[1]))
+                if 2 * len(majority) <= len(files):
+                    split = "; ".join(f"{v!r} in {_paths(p)}" for v, p in holders.items())
+                    raise MaskFileError(_paths([f.path for f in files]), name,
+                                        f"no majority among the {len(files)} clients ({split}): {agree}")
+                source = f"{len(majority)} of the {len(files)} clients (e.g. {majority[0]}) have"
+            odd = [(v, p) for v, paths in holders.items() if v != value for p in paths]
+            if odd:
+                (first_value, first_path), rest = odd[0], odd[1:]
+                also = f" (also disagreeing: {'; '.join(f'{p} has {v!r}' for v, p in rest)})" if rest else ""
+                raise MaskFileError(first_path, name, f"{first_value!r}, but {source} {value!r}{also}: {agree}")
+            cohort[name] = value
+        return cohort
+
+
+def _paths(paths: Sequence[Path]) -> str:
+    return ", ".join(str(p) for p in paths)
