@@ -241,3 +241,10 @@ def test_privacy_defence_datasets_must_be_evaluated():
     config = tiny_config(privacy={"defence": {"datasets": ["ptb"]}})
     with pytest.raises(ValueError, match=r"privacy \(run\): defence datasets \['ptb'\] are not evaluation.datasets"):
         PrivacyCatalog(Catalog(config))
+
+
+def test_cohort_args_are_the_clients_pruning():
+    """The server is told the clients' method, group and sparsity: the same values mask_args gives them."""
+    catalog = Catalog(tiny_config())
+    assert catalog.cohort_args("wanda-0.5-2of4") == "--client-method wanda --client-group 2:4 --client-sparsity 0.5"
+    assert catalog.mask_args("wanda-0.5-2of4") == "--method wanda --sparsity 0.5 --group 2:4"

@@ -133,6 +133,12 @@ class Catalog:
         options = self.method_options_arg(p.method)
         return f"{args} {options}" if options else args
 
+    def cohort_args(self, prune: str) -> str:
+        """What the server expects of every client file it aggregates (``fedlib aggregate
+        --client-*``): the clients' pruning, so no file's order decides the cohort."""
+        p = Prune.parse(prune)
+        return f"--client-method {p.method} --client-group {group_arg(p.group)} --client-sparsity {p.sparsity}"
+
     # -- FedSpaLLM layer sampling ---------------------------------------------------------------
 
     def _check_fedspallm_resources(self) -> None:

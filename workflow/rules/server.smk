@@ -19,9 +19,10 @@ rule aggregate:
         sparsity=lambda wc: Prune.parse(wc.prune).sparsity,
         group=lambda wc: group_arg(wc.group),
         seed=config["seed"],
+        cohort=lambda wc: CATALOG.cohort_args(wc.prune),
     shell:
         "python -m fedlib aggregate --model {params.model} --strategy fedprllm --group {params.group} "
-        "--sparsity {params.sparsity} --seed {params.seed} --out {output} {input.masks} > {log} 2>&1"
+        "--sparsity {params.sparsity} --seed {params.seed} {params.cohort} --out {output} {input.masks} > {log} 2>&1"
 
 
 rule iterative:
