@@ -48,7 +48,8 @@ def remove_stale_temps(path: Path) -> list[Path]:
     host that no longer runs; the ones deleted. A writer on another host (a shared file
     system) cannot be checked, so its files stay."""
     path = Path(path)
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.(?P<host>[^.]+)-(?P<pid>\d+)\.[^.]+(\.tmp|\.spool)")
+    suffixes = "|".join(re.escape(s) for s in TEMP_SUFFIXES)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(?P<host>[^.]+)-(?P<pid>\d+)\.[^.]+(?:{suffixes})")
     host = _writer_tag().rsplit("-", 1)[0]
     removed = []
     try:
@@ -86,7 +87,7 @@ def atomic_path(path: Path):
     path = Path(path)
     tmp = temp_beside(path)
     try:
-        yield Path(tmp)
+        yield tmp
         # mkstemp creates 0600; give the result the permissions an ordinary open() would
         umask = os.umask(0)
         os.umask(umask)
