@@ -37,7 +37,9 @@ test-slurm: install-slurm
 	  { echo "test-slurm: no Slurm answers and $(SLURM_UP) could not start one" >&2; exit 1; }
 	$(BIN)/python -m pytest -q -rs -m slurm
 
-# the experiment, then its HTML report (the report step runs no job)
+# the experiment, then its HTML report (the report step runs no job); a run killed in any way
+# resumes with `make run` again (the workflow removes a dead run's lock: fedlib/runlock.py;
+# profiles/default reruns the jobs it cut off)
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
 	$(BIN)/snakemake --cores $(CORES) --report reports/report.html

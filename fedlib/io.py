@@ -1,5 +1,13 @@
 """Writing files so that a crash or a bad input never leaves a half-written result behind, and
-so that the same content always gives the same bytes."""
+so that the same content always gives the same bytes.
+
+Every result is written to a temporary file beside it and moved into place with
+:func:`os.replace`, so a reader (or Snakemake after ``kill -9``) sees the whole file or none.
+A temporary file's name carries the host and process id of its writer
+(``.<name>.<host>-<pid>.<random>.tmp``): the next writer of the same result deletes those whose
+writer is dead (a process killed with ``kill -9`` cannot clean up), and never one of a live
+process.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +16,78 @@ import errno
 import json
 import math
 import os
+import re
+import shutil
+import socket
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 
+TEMP_SUFFIXES = (".tmp", ".spool")  # a file being written; a SafetensorsWriter's tensor data
+
+
+def _writer_tag() -> str:
+    host = re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname()) or "host"
+    return f"{host}-{os.getpid()}"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Delete the temporary files (and folders) of ``path`` whose writer was a process on this
+    host that no longer runs; the ones deleted. A writer on another host (a shared file
+    system) cannot be checked, so its files stay."""
+    path = Path(path)
+    suffixes = "|".join(re.escape(s) for s in TEMP_SUFFIXES)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(?P<host>[^.]+)-(?P<pid>\d+)\.[^.]+(?:{suffixes})")
+    host = _writer_tag().rsplit("-", 1)[0]
+    removed = []
+    try:
+        siblings = list(path.parent.iterdir())
+    except FileNotFoundError:
+        return removed
+    for sibling in siblings:
+        match = pattern.fullmatch(sibling.name)
+        if match and match["host"] == host and not _process_alive(int(match["pid"])):
+            if sibling.is_dir() and not sibling.is_symlink():
+                shutil.rmtree(sibling, ignore_errors=True)
+            else:
+                sibling.unlink(missing_ok=True)
+            removed.append(sibling)
+    return removed
+
+
+def temp_beside(path: Path, suffix: str = ".tmp", folder: bool = False) -> Path:
+    """A new temporary file (or folder) in ``path``'s folder, named for ``path`` and this
+    process; the stale ones of earlier, killed writers of ``path`` are deleted first."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
+    prefix = f".{path.name}.{_writer_tag()}."
+    if folder:
+        return Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=path.parent))
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
+
 
 @contextlib.contextmanager
 def atomic_path(path: Path):
     """Yield a temporary path beside ``path``; move it into place only if the block succeeds."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = temp_beside(path)
     try:
-        yield Path(tmp)
+        yield tmp
         # mkstemp creates 0600; give the result the permissions an ordinary open() would
         umask = os.umask(0)
         os.umask(umask)
@@ -32,6 +96,23 @@ def atomic_path(path: Path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_folder(out: Path, last: Sequence[str] = ("config.json",)):
+    """Yield a temporary folder beside ``out``; if the block succeeds, move every file written
+    there into ``out`` (each with :func:`os.replace`: whole or absent), the names in ``last``
+    after all others, so a folder that has them has the rest too (``config.json`` is what
+    makes a folder a model)."""
+    out = Path(out)
+    tmp = temp_beside(out, folder=True)
+    try:
+        yield tmp
+        out.mkdir(parents=True, exist_ok=True)
+        for entry in sorted(tmp.iterdir(), key=lambda p: (p.name in last, p.name)):
+            os.replace(entry, out / entry.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -112,9 +193,8 @@ class SafetensorsWriter:
         self.path = Path(path)
         self.declared = {name: (dtype, tuple(int(x) for x in shape)) for name, (dtype, shape) in tensors.items()}
         _, self.spans = safetensors_layout(self.declared, {}, self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, spool = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".spool", dir=self.path.parent)
-        self._fd, self._spool = fd, Path(spool)
+        self._spool = temp_beside(self.path, suffix=".spool")
+        self._fd = os.open(self._spool, os.O_RDWR)
         self.written: set[str] = set()
 
     def add(self, name: str, tensor: torch.Tensor) -> None:

@@ -286,28 +286,30 @@ def materialize(spec: str, out: Path) -> Path:
     """Write ``spec`` as a safetensors folder (model + tokenizer) at ``out``: an embedded alias
     dequantized to float32; a hub id as published (its safetensors files copied, never loaded,
     so a 70B model needs no host memory here)."""
+    from fedlib.io import atomic_folder, write_text_atomic
+
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if spec in EMBEDDED:
-        model, tokenizer = _load_embedded(spec, torch.float32, workdir=out)  # GGUF copy (if any) deleted here
-        _eval_mode(model)
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        value = fingerprint(model)
-    else:
-        import shutil
+    with atomic_folder(out) as tmp:  # a killed run leaves no half-written file in ``out``
+        if spec in EMBEDDED:
+            model, tokenizer = _load_embedded(spec, torch.float32, workdir=tmp)  # GGUF copy (if any) deleted here
+            _eval_mode(model)
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            value = fingerprint(model)
+        else:
+            import shutil
 
-        from huggingface_hub import snapshot_download
+            from huggingface_hub import snapshot_download
 
-        folder = Path(spec) if Path(spec).is_dir() else Path(snapshot_download(
-            spec, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "tokenizer*"]))
-        for path in sorted(folder.iterdir()):
-            if path.is_file() and path.name != MODEL_RECORD:
-                shutil.copyfile(path, out / path.name)
-        handle = open_model(str(out))
-        value = handle.fingerprint()
+            folder = Path(spec) if Path(spec).is_dir() else Path(snapshot_download(
+                spec, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "tokenizer*"]))
+            for path in sorted(folder.iterdir()):
+                if path.is_file() and path.name != MODEL_RECORD:
+                    shutil.copyfile(path, tmp / path.name)
+            value = open_model(str(tmp)).fingerprint()
     checkpoint = Checkpoint(out)
-    (out / MODEL_RECORD).write_text(json.dumps(
+    # sizes and modification times of the files where they now are (os.replace keeps both)
+    write_text_atomic(out / MODEL_RECORD, json.dumps(
         {"source": spec, "fingerprint": value, "files": file_stats(checkpoint.files())}, indent=2) + "\n")
     return out
 

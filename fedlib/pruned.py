@@ -132,40 +132,40 @@ def export_checkpoint(handle: ModelHandle, variant: Variant, out: Path, tokenize
     by shard (host memory holds one shard). Needs a checkpoint folder (``open_model`` of a
     safetensors folder)."""
     from fedlib.checkpoint import INDEX
-    from fedlib.io import write_safetensors, write_text_atomic
+    from fedlib.io import atomic_folder, write_safetensors, write_text_atomic
 
     if handle.checkpoint is None:
         raise ValueError(f"{handle.source}: export needs a safetensors model folder "
                          "(fedlib materialize-model turns an embedded alias into one)")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     checkpoint = handle.checkpoint
     shards: dict[str, list[str]] = defaultdict(list)
     for name, stored in checkpoint.tensors.items():
         shards[stored.file.name].append(name)
-    for shard, names in sorted(shards.items()):
-        tensors = {}
-        for name in names:
-            tensor = checkpoint.read(name)
-            layer = name.removesuffix(".weight")
-            if name.endswith(".weight") and variant.covers(layer):
-                decision = variant.decide([layer])
-                if layer in decision.weights:
-                    tensor = decision.weights[layer].to(tensor.dtype)
-                tensor = tensor.clone()
-                if layer in decision.masks:
-                    tensor[decision.masks[layer]] = 0
-                if layer in decision.factors:
-                    tensor = (tensor.float() * decision.factors[layer]).to(tensor.dtype)
-            tensors[name] = tensor
-        write_safetensors(out / shard, tensors, {"format": "pt"})
-    for path in sorted(checkpoint.folder.iterdir()):  # config, index, generation config, tokenizer
-        if path.is_file() and not path.name.endswith(".safetensors") and path.name != "fedlib_model.json":
-            shutil.copyfile(path, out / path.name)
-    if tokenizer_source and not (out / "tokenizer_config.json").exists():
-        from fedlib.models import load_tokenizer
+    with atomic_folder(Path(out)) as tmp:  # a killed export leaves no half-written file in ``out``
+        for shard, names in sorted(shards.items()):
+            tensors = {}
+            for name in names:
+                tensor = checkpoint.read(name)
+                layer = name.removesuffix(".weight")
+                if name.endswith(".weight") and variant.covers(layer):
+                    decision = variant.decide([layer])
+                    if layer in decision.weights:
+                        tensor = decision.weights[layer].to(tensor.dtype)
+                    tensor = tensor.clone()
+                    if layer in decision.masks:
+                        tensor[decision.masks[layer]] = 0
+                    if layer in decision.factors:
+                        tensor = (tensor.float() * decision.factors[layer]).to(tensor.dtype)
+                tensors[name] = tensor
+            write_safetensors(tmp / shard, tensors, {"format": "pt"})
+        for path in sorted(checkpoint.folder.iterdir()):  # config, index, generation config, tokenizer
+            if path.is_file() and not path.name.endswith(".safetensors") and path.name != "fedlib_model.json":
+                shutil.copyfile(path, tmp / path.name)
+        if tokenizer_source and not (tmp / "tokenizer_config.json").exists():
+            from fedlib.models import load_tokenizer
 
-        load_tokenizer(tokenizer_source).save_pretrained(out)
-    record = {"base_model": handle.source, "index": (checkpoint.folder / INDEX).is_file(), **(variant.summary() or {})}
-    write_text_atomic(out / "fedlib_export.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+            load_tokenizer(tokenizer_source).save_pretrained(tmp)
+        record = {"base_model": handle.source, "index": (checkpoint.folder / INDEX).is_file(),
+                  **(variant.summary() or {})}
+        write_text_atomic(tmp / "fedlib_export.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record

@@ -1,4 +1,5 @@
-"""write_safetensors: readable by safetensors itself, and the same content gives the same bytes."""
+"""write_safetensors: readable by safetensors itself, and the same content gives the same bytes;
+a writer killed with kill -9 leaves no output, and the next writer removes its temporary file."""
 
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from fedlib.io import write_safetensors
+from fedlib.io import _writer_tag, atomic_folder, remove_stale_temps, write_safetensors, write_text_atomic
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -56,3 +57,77 @@ def test_unsupported_dtype_is_refused(tmp_path):
     with pytest.raises(TypeError, match="complex"):
         write_safetensors(tmp_path / "x.safetensors", {"c": torch.zeros(2, dtype=torch.complex64)}, {})
     assert not (tmp_path / "x.safetensors").exists()
+
+
+# --------------------------------------------------------------------------- crash safety
+
+
+def _killed_mid_write(tmp_path, body: str) -> int:
+    """Run ``body`` (Python, with ``path`` the target) in a process that prints "ready" and then
+    waits inside the write; kill -9 it there. Its pid."""
+    script = ("import sys, time, torch\nfrom pathlib import Path\n"
+              "from fedlib.io import SafetensorsWriter, atomic_folder, atomic_path\n"
+              f"path = Path(sys.argv[1])\n{body}")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out")], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.kill()  # SIGKILL: no finally block, no atexit runs
+    proc.wait()
+    return proc.pid
+
+
+WAIT = "    print('ready', flush=True)\n    time.sleep(600)\n"
+
+
+@pytest.mark.parametrize("body, rewrite", [
+    ("with atomic_path(path) as tmp:\n    tmp.write_text('half')\n" + WAIT,
+     lambda path: write_text_atomic(path, "whole\n")),
+    ("with SafetensorsWriter(path, {'a': (torch.int32, (4,)), 'b': (torch.int32, (2,))}) as w:\n"
+     "    w.add('a', torch.arange(4, dtype=torch.int32))\n" + WAIT,
+     lambda path: write_safetensors(path, {"a": torch.arange(4, dtype=torch.int32)}, {})),
+    ("with atomic_folder(path) as tmp:\n    (tmp / 'model.safetensors').write_bytes(b'x')\n" + WAIT,
+     lambda path: atomic_folder_write(path)),
+], ids=["atomic_path", "SafetensorsWriter", "atomic_folder"])
+def test_kill_9_mid_write_leaves_no_output_and_the_next_write_removes_its_temp(tmp_path, body, rewrite):
+    pid = _killed_mid_write(tmp_path, body)
+    out = tmp_path / "out"
+    assert not out.exists() or not any(out.iterdir())  # nothing at the result's path
+    stale = [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+    assert len(stale) == 1 and f"-{pid}." in stale[0].name  # the killed writer's, named after it
+    rewrite(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def atomic_folder_write(path):
+    with atomic_folder(path) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"weights")
+        (tmp / "config.json").write_text("{}")
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_temp_files_of_live_writers_and_other_results_are_kept(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        host = _writer_tag().rsplit("-", 1)[0]
+        names = {"live": f".r.json.{host}-{sleeper.pid}.abc.tmp", "other host": f".r.json.elsewhere-{dead}.abc.tmp",
+                 "other result": f".r.json.x.{host}-{dead}.abc.tmp", "dead": f".r.json.{host}-{dead}.abc.tmp",
+                 "dead spool": f".r.json.{host}-{dead}.abc.spool"}
+        for name in names.values():
+            (tmp_path / name).write_text("")
+        assert sorted(p.name for p in remove_stale_temps(tmp_path / "r.json")) == sorted(
+            [names["dead"], names["dead spool"]])
+        write_text_atomic(tmp_path / "r.json", "{}\n")
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert left == sorted(["r.json", names["live"], names["other host"], names["other result"]])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_an_error_inside_atomic_folder_moves_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        with atomic_folder(tmp_path / "model") as tmp:
+            (tmp / "config.json").write_text("{}")
+            raise RuntimeError("conversion failed")
+    assert list(tmp_path.iterdir()) == []

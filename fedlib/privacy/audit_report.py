@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlib.io import write_text_atomic
+from fedlib.io import atomic_path, write_text_atomic
 from fedlib.report import DATASET_TITLES, fmt_ppl, write_table
 
 #: the paper's figures (FedPrLLM App. C, LLaMA-7B, Wanda, 50 %), quoted in the tables
@@ -379,8 +379,8 @@ def _roc_plot(res: dict, spec: dict, path: Path) -> None:
     fig.text(0.01, 0.01, caption, fontsize=7, wrap=True, va="bottom")
     fig.suptitle("Membership inference against a shared pruning mask")
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
 
 
@@ -393,10 +393,10 @@ def inversion_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[P
         rows.append([
             "SmolLM2 (this model)" if r["model"] == "real" else r["model"], str(r["tokens"]), str(r["text_index"] + 1),
             pct(r["mask_agreement"], 3), pct(r["baseline_agreement"], 3), pct(r["position_match"], 1),
-            pct(r["bag_overlap"], 1), pct(r.get("unigram_bag_overlap"), 1), f"{r['seconds']:.0f}",
+            pct(r["bag_overlap"], 1), pct(r.get("unigram_bag_overlap"), 1),
             _cell(r.get("target_text") or str(r["target_tokens"])), _cell(r.get("text") or str(r["decoded_tokens"])),
         ])
-    rows.append(["Paper: LLaMA-7B, gradient inversion", "-", "-", "-", "-", "-", "< 2 %", "-", "-",
+    rows.append(["Paper: LLaMA-7B, gradient inversion", "-", "-", "-", "-", "-", "< 2 %", "-",
                  "your Apple AirPods and EarPods. Easy & hassle free installation…",
                  "jdeuxTvekirection Readlarzug hecho pertelled h threat todos…"])
     lengths = sorted({r["tokens"] for r in res["rows"]})
@@ -421,7 +421,7 @@ def inversion_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[P
         "the case where the mask does hold the text: recovery is exact.",
     ]
     columns = ["Model", "T tokens", "Text", "Mask agreement (attack)", "Mask agreement (random tokens)",
-               "Exact-position recovery", "Bag-of-tokens recovery", "Unigram guess (bag)", "Seconds",
+               "Exact-position recovery", "Bag-of-tokens recovery", "Unigram guess (bag)",
                "Original", "Reconstructed (bag, in the attack's order)"]
     tables = _write_tables(out_dir, "inversion", suffix, "Privacy audit 5: inverting a client's mask back to its text", header, columns, rows)
     return tables
@@ -551,8 +551,8 @@ def _defence_plot(records, evals, clean, dense, datasets, mia, spec, path, first
              va="bottom")
     ax.set_title("Privacy–utility: randomized response on shared mask bits")
     fig.tight_layout(rect=(0, 0.09, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
 
 

@@ -219,7 +219,7 @@ class InversionResult:
     mask_agreement_layers: dict[str, float]
     gradient_agreement: float  # before the discrete refinement
     baseline_agreement: float  # random tokens of the same length
-    seconds: float
+    seconds: float  # wall time, for the log: summary() (what results hold) has no timings
     text: str | None = None
     target_tokens: list[int] | None = None
     target_text: str | None = None
@@ -231,7 +231,7 @@ class InversionResult:
     def summary(self) -> dict:
         keys = (
             "mask_agreement", "gradient_agreement", "baseline_agreement",
-            "true_tokens_agreement", "position_match", "bag_overlap", "seconds",
+            "true_tokens_agreement", "position_match", "bag_overlap",
         )
         return {k: getattr(self, k) for k in keys}
 

@@ -5,8 +5,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from snakemake.logging import logger
 from snakemake.utils import validate
-from snakemake_interface_executor_plugins.settings import DeploymentMethod
+from snakemake_interface_executor_plugins.settings import DeploymentMethod, ExecMode
 
 from fedlib.catalog import (
     CALIB_PATTERN,
@@ -25,9 +26,15 @@ from fedlib.catalog import (
     table_inputs,
 )
 from fedlib.config_check import materialized_dir, validate_config
+from fedlib.runlock import claim_workdir
 
 validate(config, "../schemas/config.schema.yaml")
 validate_config(config, Path.cwd())  # what the schema cannot express: values against each other, files, the model
+
+# A run killed with kill -9 left Snakemake's lock: removed when no other Snakemake of this
+# workflow is alive here (fedlib.runlock); jobs on cluster nodes (not the main process) skip it.
+if workflow.exec_mode == ExecMode.DEFAULT and claim_workdir():
+    logger.info("Removed the lock of an earlier run that is no longer running (.snakemake/locks).")
 
 # Jobs run this checkout's fedlib (`python -m fedlib`, PYTHONPATH) with the `python` of their
 # environment: a conda environment of envs/fedlib.yaml, or else the interpreter that runs

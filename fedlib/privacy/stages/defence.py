@@ -6,7 +6,6 @@ measures with ``fedlib evaluate``."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -167,7 +166,6 @@ def rr_aggregate(
 
     layers = prunable_layers(model)
     fp = fingerprint(model)
-    t0 = time.perf_counter()
     clean_file = None
     if clean_global is not None:
         clean_file = MaskFile(Path(clean_global), fp, layers)
@@ -179,4 +177,4 @@ def rr_aggregate(
     server.hook = hook = RandomizedResponseVotes(epsilon, len(mask_paths), server, per_client, clean_file)
     server.aggregate(mask_paths, fp, layers, Path(out))
     return {"analysis": "defence", "model_fingerprint": fp, "group": group, "sparsity": sparsity, "seed": seed,
-            **hook.summary(), "mask": str(out), "seconds": time.perf_counter() - t0}
+            **hook.summary(), "mask": str(out)}

@@ -187,7 +187,6 @@ def membership_audit(
         },
         "direction_support_mean": float(np.mean(support_sizes)),
         "rr": [],
-        "seconds": time.perf_counter() - t0,
     }
     if method_options:
         result["method_options"] = dict(method_options)

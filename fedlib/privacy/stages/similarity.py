@@ -82,7 +82,8 @@ def similarity_audit(
         pairs = _pairwise([lambda name, s=s: s[name] for s in sets], names)
         out["seeds"] = {"seeds": list(seed_values), "n_samples": int(seed_windows[0].shape[0]),
                         "seqlen": int(seed_windows[0].shape[1]), "method": method, "group": group,
-                        "sparsity": sparsity, "pairs": pairs, "seconds": time.perf_counter() - t0}
+                        "sparsity": sparsity, "pairs": pairs}
+        print(f"similarity: {len(sets)} seeded masks and their pairs in {time.perf_counter() - t0:.1f}s")
         if method_options:
             out["seeds"]["method_options"] = dict(method_options)
     return out
