@@ -166,7 +166,8 @@ def _iterative_client_round(args, handle, ids, options, placement, writer) -> No
         if args.scale:
             if not current.has_votes():
                 raise MaskFileError(args.global_masks, "votes", "--scale needs the global file's vote counts")
-            factors = {info.name: scale_factors(current.layer_votes(info.name), current.header.n_clients)
+            factors = {info.name: scale_factors(current.layer_votes(info.name, global_masks[info.name]),
+                                                current.header.n_clients)
                        for info in settled}
     elif args.global_masks:
         raise ValueError("--round 0 starts from the dense model: no --global-masks")

@@ -69,7 +69,8 @@ class Variant:
         decision = BlockDecision(masks={n: self.mask_file.layer_mask(n) for n in names})
         if self.scale:
             n_clients = self.mask_file.header.n_clients
-            decision.factors = {n: scale_factors(self.mask_file.layer_votes(n), n_clients) for n in names}
+            decision.factors = {n: scale_factors(self.mask_file.layer_votes(n, decision.masks[n]), n_clients)
+                                for n in names}
         return decision
 
     def summary(self) -> dict | None:
