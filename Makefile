@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install install-slurm run test test-slurm report report-check benchmark bench-scale clean
+.PHONY: install install-slurm run test test-slurm report report-check benchmark bench-scale bench-peers clean
 
 install: $(STAMP)
 
@@ -66,6 +66,21 @@ benchmark: $(STAMP)
 # a LLaMA-2-7B-shaped client and server on this machine (writes a 13.5 GB checkpoint once)
 bench-scale: $(STAMP)
 	$(BIN)/python benchmarks/bench_scale.py --threads $(CORES) --float32
+
+# fedlib's client mask against llmcompressor's Wanda and SparseGPT on the same tokens, side by side
+# (benchmarks/results/peers.json); llmcompressor lives in its own environment .venv-peers (it pins
+# an older transformers than fedlib): torch first, the same CPU build, then the pinned rest
+PEERS := .venv-peers
+PEERS_STAMP := $(PEERS)/.peers-installed
+$(PEERS_STAMP): benchmarks/peers-requirements.txt
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS)/bin/python -m pip install --quiet torch==2.13.0
+	$(PEERS)/bin/python -m pip install --quiet -r benchmarks/peers-requirements.txt
+	touch $@
+
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	$(BIN)/python benchmarks/bench_peers.py --threads $(CORES) --peer-python $(PEERS)/bin/python
 
 clean:
 	rm -rf results reports/*.md reports/*.csv reports/*.html reports/*.png .snakemake
