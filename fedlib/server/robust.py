@@ -39,10 +39,10 @@ What an adaptive attacker does, and what this cannot bound
     honest counts sit at the selection threshold, or on a whole small layer (inverting a
     576×192 ``k_proj`` costs 0.1 % of the weights). A kept client still has one vote per
     weight, as in plain FedPrLLM; the rule bounds how many weights it can push, not which ones.
-    An attacker that knows an honest client's mask can also frame it: its complement votes
-    against that client on every weight and raises the client's distance (by 1/(n - 1) of the
-    weights where the others are near a tie); with few clients that can get the honest client
-    flagged, which costs its votes, never more than half the clients'.
+    An attacker that knows an honest client's mask can also frame it: the complement votes
+    against that client on every weight, which turns the others' majority against it wherever
+    they are close to a tie; with few clients that can get the honest client flagged (it costs
+    that client's votes; at most half the clients are ever flagged).
     It cannot bound: attackers at or above half the clients (the median is then theirs);
     attackers that compute honest-looking masks on chosen data (a mask computed on real but
     skewed text is as close to the consensus as an honest non-IID client's: the server sees
