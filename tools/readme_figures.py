@@ -196,6 +196,33 @@ def privacy(*tables: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def byzantine(data: dict) -> str:
+    """Byzantine clients against the plain and the robust FedPrLLM server (benchmarks/bench_byzantine.py)."""
+    st, ev = data["settings"], data["settings"]["evaluation"]
+    byz = st["byzantine_clients"]
+    lines = [
+        f"{data['model']}, the default federation ({st['clients']}; {st['local']} client masks), server "
+        f"{st['server']}; the Byzantine clients replace clients {', '.join(byz['2'])} (2) or "
+        f"{', '.join(byz['4'])} (4). Perplexity on {ev['windows']} {ev['dataset']} windows of {ev['seqlen']} "
+        f"tokens; honest federation {data['honest_perplexity']:.2f}. Flagged: by the `mad` rule, out of the "
+        f"Byzantine / the honest clients. {_provenance(data)}",
+        "",
+        "| attack | Byzantine clients | plain server: ppl (× honest) | robust server (`--robust mad`): ppl (× honest) "
+        "| flagged Byzantine | flagged honest |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows = {(r["attack"], r["n_byzantine"], r["server"]): r for r in data["records"]}
+    for attack, n, _ in [k for k in rows if k[2] == "plain"]:
+        p, r = rows[(attack, n, "plain")], rows[(attack, n, "robust")]
+        total = st["n_clients"]
+        lines.append(
+            f"| {attack} | {n} of {total} ({n / total:.0%}) | {p['perplexity']:.2f} ({p['ratio_to_honest']:.3f}×) "
+            f"| {r['perplexity']:.2f} ({r['ratio_to_honest']:.3f}×) | {r['flagged_byzantine']} of {n} "
+            f"| {r['flagged_honest']} of {total - n} |")
+    lines += ["", f"Goal ({data['goal']}): {'met' if data['goal_met'] else 'NOT met'}."]
+    return "\n".join(lines)
+
+
 def _load(path: Path):
     if path.suffix == ".json":
         return json.loads(path.read_text())
@@ -208,6 +235,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "client-mask": (REPO / "benchmarks/results/client_mask.json", client_mask),
     "server": (REPO / "benchmarks/results/server.json", server),
     "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
+    "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
         ("table1", "reports/table1.csv"),
         ("table12-run", "reports/table12_run.csv"),
