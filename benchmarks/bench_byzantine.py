@@ -2,8 +2,8 @@
 
 The federation is the default experiment's, from a finished workflow run (``make run``): 16 IID
 clients × 2 C4 samples × 512 tokens, Wanda 50 % row masks
-(``results/masks/c4-32x512/iid-16/wanda-0.5-row/client_<i>.mask.safetensors``). 0, 2 or 4 of
-the 16 (clients 15, 14, 13, 12) turn Byzantine and send, instead of their honest mask:
+(``results/masks/c4-32x512/iid-16/wanda-0.5-row/client_<i>.mask.safetensors``). 0, 2, 4 or 6
+of the 16 (the last ones: 15, 14, ...) turn Byzantine and send, instead of their honest mask:
 
 * ``inverted``: its complement, still exactly 50 % per row (so it passes every file check);
 * ``random``: a seeded random 50 %-per-row mask (:func:`fedlib.baselines.random_masks`);
@@ -15,10 +15,11 @@ FedPrLLM layer row), plain and with ``--robust mad``, and scored by ``fedlib eva
 workflow's WikiText-2 windows (8 evenly spaced windows of 512 tokens) and the options of its
 evaluate rule. Recorded per row: perplexity, ratio to the honest federation's, and from the
 outlier report the Byzantine and the honest clients the rule flagged (the plain server flags
-for information only; it counts every vote). Goal: with at most 20 % Byzantine clients (2 of
-16 here; 4 = 25 % is shown too) the robust server within 5 % of the honest federation. Rows
+for information only; it counts every vote) and the fraction of weights whose global bit
+differs from the honest federation's. Goal: with at most 20 % Byzantine clients (2 of 16 here;
+4 = 25 % and 6 = 37.5 % are shown too) the robust server within 5 % of the honest federation. Rows
 whose global masks are bit for bit the same (``mask_sha256``; e.g. the robust server with every
-attacker flagged) share one evaluation.
+attacker flagged) share one evaluation (``evaluated_as``: the row that ran it).
 
 ``fedlib aggregate`` runs with OMP_NUM_THREADS=1: its work is integer counting that two torch
 threads only slow down on a busy two-core machine (the masks do not depend on it).
@@ -50,7 +51,7 @@ from fedlib.models import open_model
 N_CLIENTS = 16
 SETTING = "c4-32x512/iid-16/wanda-0.5-row"
 ATTACKS = ("inverted", "random", "garbage")
-BYZANTINE_COUNTS = (2, 4)
+BYZANTINE_COUNTS = (2, 4, 6)
 SERVERS = ("plain", "robust")
 GOAL = "robust perplexity within 5 % of the honest federation's with <= 20 % Byzantine clients"
 
@@ -72,6 +73,13 @@ def mask_digest(path: Path) -> str:
         for key in sorted(k for k in handle.keys() if k.startswith("mask:")):
             digest.update(key.encode() + handle.get_tensor(key).numpy().tobytes())
     return digest.hexdigest()
+
+
+def mask_difference(a: Path, b: Path) -> float:
+    """Fraction of weights whose bit differs between two global files."""
+    fa, fb = MaskFile(a), MaskFile(b)
+    differ = sum(int((fa.layer_mask(layer["name"]) != fb.layer_mask(layer["name"])).sum()) for layer in fa.header.layers)
+    return differ / fa.header.total_weights
 
 
 def byzantine_ids(n: int) -> list[str]:
@@ -128,6 +136,7 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         settings = [("none", 0)] + [(a, n) for a in ATTACKS for n in BYZANTINE_COUNTS]
         records, checks = [], {}
+        honest_global = work / "none-0-plain.mask.safetensors"  # the first row's
         for attack, n in settings:
             bad = byzantine_ids(n)
             files = [attack_file(attack, str(c), honest[c], args.model, work, handle) if str(c) in bad else honest[c]
@@ -144,12 +153,12 @@ def main() -> None:
                 # one evaluation: the perplexity of an unscaled mask depends on its bits only
                 digest = mask_digest(out)
                 evaluation = work / f"eval-{digest[:16]}.json"
-                shared = evaluation.is_file()
-                eval_seconds = None if shared else fedlib(
-                    "evaluate", "--model", args.model, "--mask", str(out), "--windows", str(windows), "--label", tag,
-                    "--batch-size", "1", "--device", "auto", "--dtype", "float32", "--threads", "2",
-                    "--out", str(evaluation))
-                ppl = json.loads(evaluation.read_text())["perplexity"]["wikitext2"]["ppl"]
+                if not evaluation.is_file():
+                    fedlib("evaluate", "--model", args.model, "--mask", str(out), "--windows", str(windows),
+                           "--label", tag, "--batch-size", "1", "--device", "auto", "--dtype", "float32",
+                           "--threads", "2", "--out", str(evaluation))
+                scored = json.loads(evaluation.read_text())
+                ppl, eval_seconds = scored["perplexity"]["wikitext2"]["ppl"], scored["seconds"]
                 flagged = {c["client_id"] for c in report["clients"] if c["flagged"]}
                 z = {c["client_id"]: c["z"] for c in report["clients"]}
                 records.append({
@@ -158,11 +167,14 @@ def main() -> None:
                     "n_used": report["n_used"], "threshold": report["threshold"],
                     "max_honest_z": max(v for c, v in z.items() if c not in bad),
                     "min_byzantine_z": min((z[c] for c in bad), default=None),
-                    "mask_sha256": digest, "aggregate_seconds": agg_seconds, "evaluate_seconds": eval_seconds,
+                    "mask_difference_from_honest": mask_difference(out, honest_global),
+                    "mask_sha256": digest, "evaluated_as": scored["label"], "aggregate_seconds": agg_seconds,
+                    "evaluate_seconds": eval_seconds,
                 })
+                same = "" if scored["label"] == tag else f" as {scored['label']}"
                 print(f"{attack:8s} {n} {server:6s} ppl {ppl:8.3f}  flagged {sorted(flagged, key=int)}  "
-                      f"(aggregate {agg_seconds:.0f}s, evaluate "
-                      f"{'shared with an earlier row: same mask' if shared else f'{eval_seconds:.0f}s'})", flush=True)
+                      f"differs from honest {records[-1]['mask_difference_from_honest']:.3%} "
+                      f"(aggregate {agg_seconds:.0f}s, evaluate {eval_seconds:.0f}s{same})", flush=True)
                 if (attack, server) == ("none", "plain"):
                     # the honest federation through this code is the workflow's own result
                     checks["honest_global_is_workflow_global"] = (workflow_global.is_file() and
