@@ -237,8 +237,7 @@ def cmd_aggregate(args) -> None:
     report = summary.pop("clients")
     if report is not None:  # written only once the global file is
         _write_json(aggregation_report_path(args), {"global": args.out, "strategy": strategy.name, **report})
-        flagged = [c["client_id"] for c in report["clients"] if c["flagged"]]
-        summary["flagged"] = flagged
+        summary["flagged"] = [c["client_id"] for c in report["clients"] if c["flagged"]]
     print(f"wrote {args.out}: {summary}")
 
 
