@@ -74,9 +74,13 @@ def record(method: str, group: str, peer_method: str, fedlib_seconds: list[float
     if len(fedlib_seconds) != len(peer_seconds) or not fedlib_seconds:
         raise ValueError(f"{method}: {len(fedlib_seconds)} fedlib runs vs {len(peer_seconds)} peer runs")
     fedlib_s, peer_s = median(fedlib_seconds), median(peer_seconds)
-    return {"method": method, "group": group, "peer": PEER, "peer_method": peer_method,
-            "fedlib_s": fedlib_s, "peer_s": peer_s, "ratio": fedlib_s / peer_s,
-            "fedlib_seconds": fedlib_seconds, "peer_seconds": peer_seconds, **figures}
+    result = {"method": method, "group": group, "peer": PEER, "peer_method": peer_method,
+              "fedlib_s": fedlib_s, "peer_s": peer_s, "ratio": fedlib_s / peer_s,
+              "fedlib_seconds": fedlib_seconds, "peer_seconds": peer_seconds, **figures}
+    if set(result) != set(RECORD_KEYS):  # the README renderer reads these keys
+        raise ValueError(f"{method}: record keys missing {sorted(set(RECORD_KEYS) - set(result))}, "
+                         f"unexpected {sorted(set(result) - set(RECORD_KEYS))}")
+    return result
 
 
 def run_peer(python: Path, model_dir: Path, tokens: Path, method: str, args, out: Path,
@@ -122,8 +126,9 @@ def main() -> None:
         if open_model(str(model_dir), weights=False).fingerprint() != fingerprint(model):
             raise RuntimeError(f"{model_dir}: the saved dense model is not the model fedlib prunes")
         seconds = {m: ([], []) for m, _, _ in methods}
-        decisions, peer_weights, versions = {}, {}, {}
+        decisions, peer_weights, versions, load = {}, {}, {}, []
         for rep in range(args.repeats):
+            load.append(os.getloadavg()[0])
             for method, group, peer_method in methods:
                 ours, theirs = seconds[method]
                 ours += timed(lambda: decisions.__setitem__(method, prune_locally(
@@ -157,7 +162,10 @@ def main() -> None:
         "calibration": {"dataset": "c4", "samples": args.samples, "seqlen": args.seqlen},
         "evaluation": {"dataset": "wikitext2", "windows": int(windows.shape[0]), "seqlen": args.seqlen},
         "repeats": args.repeats, "batch_size": {"fedlib": args.batch_size, "peer": args.peer_batch_size},
-        "peer_versions": versions, "dense_ppl": dense["ppl"], "goal": "ratio <= 0.85 at equal or better ppl",
+        "peer_versions": versions, "dense_ppl": dense["ppl"],
+        "schedule": "interleaved: each repeat runs fedlib then the peer for each method, so the load of other "
+                    "jobs sharing the machine hits both alike; medians over repeats",
+        "load_average_1min": load, "goal": "ratio <= 0.85 at equal or better ppl",
         "records": records,
     })
 

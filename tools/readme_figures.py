@@ -225,6 +225,30 @@ def byzantine(data: dict) -> str:
     return "\n".join(lines)
 
 
+def peers(data: dict) -> str:
+    """fedlib's client mask vs llmcompressor's oneshot on the same tokens (benchmarks/bench_peers.py)."""
+    cal, ev, bs = data["calibration"], data["evaluation"], data["batch_size"]
+    versions = ", ".join(f"{k} {v}" for k, v in data["peer_versions"].items())
+    lines = [
+        f"{data['model']}, {data['sparsity']:.0%} unstructured sparsity, the same {cal['samples']} × {cal['seqlen']} "
+        f"{cal['dataset']} calibration token ids for both, {data['threads']} threads each, batch size fedlib "
+        f"{bs['fedlib']} / llmcompressor {bs['peer']} (each tool's default); medians of {data['repeats']} interleaved "
+        f"repeats, each side timed around its pruning call alone. Perplexity: fedlib's code on {ev['windows']} "
+        f"{ev['dataset']} windows of {ev['seqlen']} tokens for both pruned weight sets (dense "
+        f"{data['dense_ppl']:.2f}). Peer environment: {versions}. {_provenance(data)}",
+        "",
+        "| fedlib method (group) | llmcompressor modifier | time fedlib / llmcompressor | mask bits that agree "
+        "| ppl fedlib | ppl llmcompressor | goal: ≤ 0.85× at equal or better ppl |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in data["records"]:
+        met = r["ratio"] <= 0.85 and r["fedlib_ppl"] <= r["peer_ppl"]
+        lines.append(
+            f"| `{r['method']}` ({r['group']}) | {r['peer_method']} | **{r['ratio']:.2f}×** | {r['agreement']:.2%} "
+            f"| {r['fedlib_ppl']:.2f} ({r['fedlib_ppl'] / r['peer_ppl'] - 1:+.2%}) | {r['peer_ppl']:.2f} | {'met' if met else 'NOT met'} |")
+    return "\n".join(lines)
+
+
 def _load(path: Path):
     if path.suffix == ".json":
         return json.loads(path.read_text())
@@ -238,6 +262,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "server": (REPO / "benchmarks/results/server.json", server),
     "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
+    "peers": (REPO / "benchmarks/results/peers.json", peers),
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
         ("table1", "reports/table1.csv"),
         ("table12-run", "reports/table12_run.csv"),
