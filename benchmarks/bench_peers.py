@@ -7,7 +7,8 @@ loader, written to a token file the peer reads) with the same number of threads.
 runs llmcompressor's ``oneshot`` in its own environment (.venv-peers, benchmarks/
 peer_llmcompressor.py) on the dense model saved here with ``save_pretrained``; each side is timed
 around the pruning call alone (model and tokens already loaded). Runs are interleaved
-(fedlib, peer, fedlib, peer, ...) so drifting machine load hits both alike; medians are reported.
+(fedlib, peer, fedlib, peer, ...) so drifting machine load hits both alike; medians are reported,
+and the JSON is rewritten after every repeat (a run cut short keeps what it measured).
 
 Mask agreement: the fraction of decoder-block linear weights that both pruned models leave
 nonzero or both set to zero. Perplexity: fedlib's perplexity code on the same WikiText-2 test
@@ -126,9 +127,10 @@ def main() -> None:
         if open_model(str(model_dir), weights=False).fingerprint() != fingerprint(model):
             raise RuntimeError(f"{model_dir}: the saved dense model is not the model fedlib prunes")
         seconds = {m: ([], []) for m, _, _ in methods}
-        decisions, peer_weights, versions, load = {}, {}, {}, []
+        quality, versions, load = {}, {}, []
         for rep in range(args.repeats):
             load.append(os.getloadavg()[0])
+            decisions, peer_weights = {}, {}
             for method, group, peer_method in methods:
                 ours, theirs = seconds[method]
                 ours += timed(lambda: decisions.__setitem__(method, prune_locally(
@@ -141,33 +143,44 @@ def main() -> None:
                     peer_weights[method] = load_file(weights)
                 print(f"repeat {rep}: {method} fedlib {ours[-1]:.1f} s, {PEER} {peer_method} {theirs[-1]:.1f} s",
                       flush=True)
-
-    (dense,), _ = perplexities(model, [windows], batch_size=args.batch_size)
-    records = []
-    for method, group, peer_method in methods:
-        ours = pruned_weights(model, decisions[method])
-        (ppl_ours,), sparsity_ours = perplexities(model, [windows], args.batch_size,
-                                                  variant=lambda _block: BlockDecision(masks={}, weights=ours))
-        (ppl_peer,), sparsity_peer = perplexities(
-            model, [windows], args.batch_size, variant=lambda _block: BlockDecision(masks={}, weights=peer_weights[method]))
-        records.append(record(method, group, peer_method, *seconds[method],
-                              agreement=zero_agreement(ours, peer_weights[method]),
-                              fedlib_sparsity=sparsity_ours, peer_sparsity=sparsity_peer,
-                              fedlib_ppl=ppl_ours["ppl"], peer_ppl=ppl_peer["ppl"]))
-        r = records[-1]
-        print(f"{method}: fedlib {r['fedlib_s']:.1f} s vs {PEER} {r['peer_s']:.1f} s, ratio {r['ratio']:.2f}; "
+            if rep == 0:  # the pruned weights are the same every repeat; judge them once
+                quality = pruned_quality(model, windows, args.batch_size, decisions, peer_weights)
+            # rewritten after every repeat: a run cut short keeps the repeats it finished
+            records = [record(method, group, peer_method, *seconds[method], **quality[method])
+                       for method, group, peer_method in methods]
+            write("peers", {
+                "model": "smollm2-135m", "sparsity": args.sparsity, "threads": args.threads,
+                "calibration": {"dataset": "c4", "samples": args.samples, "seqlen": args.seqlen},
+                "evaluation": {"dataset": "wikitext2", "windows": int(windows.shape[0]), "seqlen": args.seqlen},
+                "repeats": rep + 1, "batch_size": {"fedlib": args.batch_size, "peer": args.peer_batch_size},
+                "peer_versions": versions, "dense_ppl": quality["dense"],
+                "schedule": "interleaved: each repeat runs fedlib then the peer for each method, so the load of "
+                            "other jobs sharing the machine hits both alike; medians over repeats",
+                "load_average_1min": load, "goal": "ratio <= 0.85 at equal or better ppl",
+                "records": records,
+            })
+    for r in records:
+        print(f"{r['method']}: fedlib {r['fedlib_s']:.1f} s vs {PEER} {r['peer_s']:.1f} s, ratio {r['ratio']:.2f}; "
               f"agreement {r['agreement']:.2%}; ppl {r['fedlib_ppl']:.2f} vs {r['peer_ppl']:.2f}")
-    write("peers", {
-        "model": "smollm2-135m", "sparsity": args.sparsity, "threads": args.threads,
-        "calibration": {"dataset": "c4", "samples": args.samples, "seqlen": args.seqlen},
-        "evaluation": {"dataset": "wikitext2", "windows": int(windows.shape[0]), "seqlen": args.seqlen},
-        "repeats": args.repeats, "batch_size": {"fedlib": args.batch_size, "peer": args.peer_batch_size},
-        "peer_versions": versions, "dense_ppl": dense["ppl"],
-        "schedule": "interleaved: each repeat runs fedlib then the peer for each method, so the load of other "
-                    "jobs sharing the machine hits both alike; medians over repeats",
-        "load_average_1min": load, "goal": "ratio <= 0.85 at equal or better ppl",
-        "records": records,
-    })
+
+
+def pruned_quality(model, windows: torch.Tensor, batch_size: int, decisions: Mapping[str, BlockDecision],
+                   peer_weights: Mapping[str, Mapping[str, torch.Tensor]]) -> dict:
+    """Per method: mask agreement, measured sparsity and perplexity of both pruned weight sets
+    (fedlib's perplexity code for both); and ``dense``, the dense model's perplexity."""
+    def evaluate(weights):
+        (ppl,), sparsity = perplexities(model, [windows], batch_size,
+                                        variant=lambda _block: BlockDecision(masks={}, weights=weights))
+        return ppl["ppl"], sparsity
+
+    (dense,), _ = perplexities(model, [windows], batch_size=batch_size)
+    quality = {"dense": dense["ppl"]}
+    for method, decision in decisions.items():
+        ours, theirs = pruned_weights(model, decision), peer_weights[method]
+        (ppl_ours, sparsity_ours), (ppl_peer, sparsity_peer) = evaluate(ours), evaluate(theirs)
+        quality[method] = {"agreement": zero_agreement(ours, theirs), "fedlib_sparsity": sparsity_ours,
+                           "peer_sparsity": sparsity_peer, "fedlib_ppl": ppl_ours, "peer_ppl": ppl_peer}
+    return quality
 
 
 if __name__ == "__main__":
