@@ -233,9 +233,11 @@ def peers(data: dict) -> str:
         f"{data['model']}, {data['sparsity']:.0%} unstructured sparsity, the same {cal['samples']} × {cal['seqlen']} "
         f"{cal['dataset']} calibration token ids for both, {data['threads']} threads each, batch size fedlib "
         f"{bs['fedlib']} / llmcompressor {bs['peer']} (each tool's default); medians of {data['repeats']} interleaved "
-        f"repeats, each side timed around its pruning call alone. Perplexity: fedlib's code on {ev['windows']} "
+        f"repeat{'s' * (data['repeats'] != 1)}, each side timed around its pruning call alone. Perplexity: fedlib's code on {ev['windows']} "
         f"{ev['dataset']} windows of {ev['seqlen']} tokens for both pruned weight sets (dense "
-        f"{data['dense_ppl']:.2f}). Peer environment: {versions}. {_provenance(data)}",
+        f"{data['dense_ppl']:.2f}). Peer environment: {versions}. {_provenance(data)}"
+        + (f" Machine shared with other jobs: 1-minute load average {min(load):.1f}–{max(load):.1f} at the repeats' "
+           f"starts." if (load := data.get("load_average_1min")) else ""),
         "",
         "| fedlib method (group) | llmcompressor modifier | time fedlib / llmcompressor | mask bits that agree "
         "| ppl fedlib | ppl llmcompressor | goal: ≤ 0.85× at equal or better ppl |",
