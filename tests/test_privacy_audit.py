@@ -230,7 +230,14 @@ def test_cli_stages_and_report_tables(tmp_path, tiny_model_dir, tiny_clients, da
         assert (reports / f"privacy_{name}.csv").read_text().count("\n") >= 2
         assert "<table>" in (reports / f"privacy_{name}.html").read_text()  # the HTML report's page
     assert "not derived from any mechanism" in (reports / "privacy_sensitivity.md").read_text()
-    assert "What the attack observes" in (reports / "privacy_membership.md").read_text()
+    membership = (reports / "privacy_membership.md").read_text()
+    assert "What the attack observes" in membership and "Per-bit likelihood ratio knowing the noise, ε = 2" in membership
+    assert "[1.000, 1.000]" not in membership  # perfect separation reads as the exact bound, not a point
+    inversion_md = (reports / "privacy_inversion.md").read_text()
+    recovered = f"{100 * inversion['rows'][0]['bag_overlap']:.1f} %"
+    assert f"Measured in this run: T = 3: {recovered} of the bag of tokens recovered" in inversion_md
+    assert "~512+" not in inversion_md  # the old fixed sentence
+    assert "lower bound" in (reports / "privacy_defence.md").read_text()
     defence = (reports / "privacy_defence.csv").read_text().splitlines()
     assert defence[1].startswith("Dense") and defence[2].startswith("∞") and defence[3].startswith("2,")
     for png in ("privacy_membership_roc.png", "privacy_defence.png"):

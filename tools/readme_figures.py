@@ -162,6 +162,8 @@ def privacy(*tables: list[list[str]]) -> str:
     inv, inv_paper = _row(t["inversion"], "SmolLM2"), _row(t["inversion"], "Paper")
     no_noise = _row(t["defence"], "∞")
     rr = [r for r in t["defence"] if r["ε per bit"][:1].isdigit()]
+    llr_auc = {re.search(r"ε = ([\d.]+) per bit", r["Attack"]).group(1): r["AUC [95 % CI]"].split()[0]
+               for r in t["membership"] if r["Attack"].startswith("Per-bit likelihood ratio")}
     rr_auc = [(re.search(r"ε = ([\d.]+) per bit", r["Attack"]).group(1), r["AUC [95 % CI]"].split()[0])
               for r in t["membership"] if "randomized response" in r["Attack"]]
     rows = [
@@ -185,10 +187,12 @@ def privacy(*tables: list[list[str]]) -> str:
          f"{inv['Bag-of-tokens recovery']} of a {inv['T tokens']}-token text's bag of tokens "
          f"(unigram guess: {inv['Unigram guess (bag)']}; exact positions {inv['Exact-position recovery']})"),
         ("privacy_defence", "randomized response on mask bits (ε per bit), FedPrLLM top-k on noisy votes: "
-         "perplexity and attack AUC", "–",
+         "perplexity and attack AUC (non-adaptive attacks: lower bounds on the leakage)", "–",
          f"WikiText-2 ppl {no_noise['WikiText-2 ppl']} without noise; "
-         + "; ".join(f"ε = {r['ε per bit']}: ppl {r['WikiText-2 ppl']}, AUC {r['MIA AUC']}" for r in rr)
-         + "; attack AUC by ε: " + ", ".join(f"{eps}: {auc}" for eps, auc in rr_auc)),
+         + "; ".join(f"ε = {r['ε per bit']}: ppl {r['WikiText-2 ppl']}, AUC {r['MIA AUC, LiRA (lower bound)']}"
+                     for r in rr)
+         + "; attack AUC by ε, LiRA / per-bit LR knowing the noise: "
+         + ", ".join(f"{eps}: {auc} / {llr_auc.get(eps, '-')}" for eps, auc in rr_auc)),
     ]
     out = ["From `reports/privacy_<analysis>.csv`: " + " / ".join(provenance) + ".", "",
            "| table | what | paper (LLaMA-7B) | measured here |", "|---|---|---|---|"]
