@@ -55,8 +55,11 @@ def test_too_few_survivors_or_shares_give_no_result():
     # each survivor reveals one share per client, of the self seed only (nobody dropped)
     assert all({kind for kind, _ in r.values()} == {"self"} and len(r) == 5 for r in reveals.values())
     assert torch.equal(server.unmask("a", uploads, reveals), torch.full((10,), 5, dtype=torch.int16))
+    # a client that uploaded and then vanished before revealing: t = 3 reveals still unmask
+    assert torch.equal(server.unmask("a", uploads, {j: reveals[j] for j in survivors[2:]}),
+                       torch.full((10,), 5, dtype=torch.int16))
     with pytest.raises(SecAggError, match="reveals from"):
-        server.unmask("a", uploads, {j: reveals[j] for j in survivors[:4]})
+        server.unmask("a", uploads, {j: reveals[j] for j in survivors[:2]})
     # a corrupted upload is caught (counts above the number of survivors), not returned
     bad = dict(uploads)
     bad[0] = (bad[0] + np.uint8(1)) & np.uint8(7)  # every count 5 -> 6 (mod 2^3)

@@ -22,7 +22,7 @@ Simulated, and what is not handled: shares are handed to their recipients direct
 deployment encrypts them pairwise and relays them through the server, with signatures against
 an active server); the graph is complete (SecAgg+'s sparse k-regular graph, Bell et al. 2020,
 which cuts each client's cost from O(n) to O(log n) pair streams, is not implemented); clients
-that drop out *during* the reveal step are covered only while t survivors remain. All secret
+that drop out after uploading (before revealing) are covered while t of them reveal. All secret
 material (private keys, self-mask seeds, Shamir coefficients) comes from a ChaCha20 generator
 keyed by the round seed, so a simulated round is reproducible; ``seed=None`` draws it from the
 OS (os.urandom) as a deployment would.
@@ -213,15 +213,17 @@ class SecAggServer:
                reveals: Mapping[int, Mapping[int, tuple[str, tuple[int, int]]]]) -> torch.Tensor:
         """sum_i M_i over the clients in ``uploads`` (the survivors), as int16 counts.
 
-        ``reveals[j]`` is survivor j's :meth:`SecAggClient.reveal`. The survivors' self masks
+        ``reveals[j]`` is survivor j's :meth:`SecAggClient.reveal` (at least t survivors). The survivors' self masks
         and the pair masks between survivors and dropped clients are rebuilt from t shares each
         and removed; pair masks between two survivors cancel in the sum."""
         survivors = sorted(uploads)
         if len(survivors) < self.threshold:
             raise SecAggError(f"layer {name}: {len(survivors)} surviving clients, the threshold is "
                               f"{self.threshold}: the sum cannot be unmasked")
-        if set(reveals) != set(survivors):
-            raise SecAggError(f"layer {name}: reveals from {sorted(reveals)}, uploads from {survivors}")
+        # clients may still drop out after uploading: t reveals from uploaders suffice
+        if not set(reveals) <= set(survivors) or len(reveals) < self.threshold:
+            raise SecAggError(f"layer {name}: reveals from {sorted(reveals)}, uploads from {survivors}, "
+                              f"threshold {self.threshold}")
         sizes = {u.size for u in uploads.values()}
         if len(sizes) != 1:
             raise SecAggError(f"layer {name}: uploads of different lengths {sorted(sizes)}")
