@@ -104,6 +104,19 @@ def server(data: dict) -> str:
             f"{_provenance(data)}")
 
 
+def secagg(data: dict) -> str:
+    """Secure aggregation's overhead on the embedded model's shapes (benchmarks/bench_secagg.py)."""
+    lines = [f"{data['model']}, {data['weights']:,} weights in {data['layers']} linears; {data['note']}. "
+             f"{_provenance(data)}", "",
+             "| clients n | k bits | client masking | server unmasking (one dropout) | plain vote counting "
+             "| upload per client | vs packed mask |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['n_clients']} | {r['modulus_bits']} | {r['client_masking_seconds']:.1f} s "
+              f"| {r['server_unmask_seconds']:.1f} s ({r['server_unmask_one_dropout_seconds']:.1f} s) "
+              f"| {r['plain_vote_count_seconds']:.1f} s | {r['client_upload_bytes'] / 2**20:.1f} MiB "
+              f"| {r['upload_vs_plain_packed']:.1f}× |" for r in data["records"]]
+    return "\n".join(lines)
+
+
 def workflow(data: dict) -> str:
     """Where a `make run` spends its time (benchmarks/workflow_summary.py over its benchmark files)."""
     rules = sorted(data["rules"].items(), key=lambda kv: -kv[1]["seconds"])
@@ -212,10 +225,12 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "client-mask": (REPO / "benchmarks/results/client_mask.json", client_mask),
     "server": (REPO / "benchmarks/results/server.json", server),
     "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
+    "secagg": (REPO / "benchmarks/results/secagg.json", secagg),
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
         ("table1", "reports/table1.csv"),
         ("table12-run", "reports/table12_run.csv"),
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
+        ("privacy-secagg", "reports/privacy_secagg.csv"),
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
 }
