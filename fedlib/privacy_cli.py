@@ -7,11 +7,12 @@ Building the ``fedlib`` parser must not import torch: the handlers import their 
     fedlib privacy similarity   --model M --out X.json [--seeds 1 2 ...] CLIENT_MASKS...
     fedlib privacy sensitivity  --model M --calib D.safetensors --replacements R.safetensors... --out X.json
     fedlib privacy membership   --model M --population P.safetensors --targets T --blocks B --out X.json
+    fedlib privacy secagg       --model M --population P.safetensors --cohorts 1 2 4 8 16 --out X.json
     fedlib privacy inversion    --model M --texts T16.safetensors ... --out X.json
     fedlib privacy rr-aggregate --model M --epsilon E --group layer --out G.mask.safetensors --record X.json MASKS...
     fedlib privacy report       --spec JSON
 
-The verbs that compute masks (similarity, sensitivity, membership) take the clients' pruning
+The verbs that compute masks (similarity, sensitivity, membership, secagg) take the clients' pruning
 options, ``--method-options`` included (JSON, as ``fedlib client-mask --method-options``).
 """
 
@@ -112,6 +113,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", type=int, default=4, help="shadow (in, out) pairs per target: half direction, half fit")
     p.add_argument("--epsilons", type=_epsilon, nargs="*", default=[],
                    help="also attack masks under randomized response with these per-bit ε")
+    p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001])
+    p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--out", required=True)
+
+    p = sub.add_parser("secagg", help="membership inference on the sum of m client masks (what secure aggregation "
+                       "shows the server) and on its global mask, per m")
+    p.add_argument("--model", required=True)
+    _pruning_args(p, blocks=True)
+    p.add_argument("--population", required=True, help="token file: targets are its first rows, the rest fill data sets")
+    p.add_argument("--targets", type=int, default=32)
+    p.add_argument("--samples", type=int, default=2, help="samples in each client's data set")
+    p.add_argument("--pairs", type=int, default=4, help="shadow (in, out) pairs per target: half direction, half fit")
+    p.add_argument("--cohorts", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="numbers of clients m summed")
+    p.add_argument("--pool", type=int, default=32, help="other clients' masks in each pool (real / attacker's)")
+    p.add_argument("--draws", type=int, default=2, help="sums per fitting shadow mask")
+    p.add_argument("--server-group", default="layer", help="FedPrLLM's comparison group for the global mask")
     p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001])
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--out", required=True)
@@ -266,6 +283,24 @@ def _cmd_membership(args) -> None:
     _write_json(args.out, result)
 
 
+def _cmd_secagg(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.privacy.stages.secagg import secagg_membership_audit
+
+    if args.blocks is None:
+        raise SystemExit("fedlib privacy secagg: --blocks must be a number (sums of whole-model masks of every "
+                         "pool client do not fit the audit's memory plan)")
+    model, placement = _open(args)
+    pop, _ = load_tokens(Path(args.population))
+    result = secagg_membership_audit(model, pop, args.targets, args.samples, args.pairs, args.blocks, args.cohorts,
+                                     args.pool, args.draws, args.method, args.sparsity, args.group,
+                                     args.server_group, args.seed, args.fprs, args.confidence,
+                                     batch_size=args.batch_size, method_options=args.method_options,
+                                     placement=placement)
+    result["population_file"] = str(args.population)
+    _write_json(args.out, result)
+
+
 def _cmd_inversion(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.models import load_tokenizer
@@ -307,7 +342,7 @@ def _cmd_report(args) -> None:
 
 COMMANDS = {
     "entropy": _cmd_entropy, "similarity": _cmd_similarity, "sensitivity": _cmd_sensitivity,
-    "membership": _cmd_membership, "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
+    "membership": _cmd_membership, "secagg": _cmd_secagg, "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
     "report": _cmd_report,
 }
 

@@ -13,6 +13,7 @@ from scipy import stats
 from fedlib.groups import prune_lowest
 from fedlib.methods.wanda import WandaPruner
 from fedlib.privacy import (
+    auc_ci,
     audit_epsilon,
     bag_overlap,
     binary_entropy_bits,
@@ -37,6 +38,8 @@ from fedlib.privacy import (
     randomized_response_masks,
     roc_auc,
     roc_curve,
+    separated_auc_bound,
+    rr_bit_llr,
     rr_epsilon,
     rr_flip_probability,
     signal_strength,
@@ -173,6 +176,52 @@ def test_bootstrap_auc_ci_is_seeded_and_covers():
     lo, hi = bootstrap_auc_ci(pos, neg, n_boot=300, seed=3)
     assert lo < roc_auc(pos, neg) < hi
     assert (lo, hi) == bootstrap_auc_ci(pos, neg, n_boot=300, seed=3)
+
+
+def test_separated_auc_bound_is_exact_for_paired_trials_and_covers():
+    # n disjoint pairs all won: P(all won | AUC = bound) = bound^n = alpha/2 exactly
+    for n_pos, n_neg in [(32, 32), (32, 500), (7, 3)]:
+        n = min(n_pos, n_neg)
+        assert separated_auc_bound(n_pos, n_neg) ** n == pytest.approx(0.025)
+    assert separated_auc_bound(32, 32) == pytest.approx(0.025 ** (1 / 32))  # 0.891
+    pos, neg = np.arange(10, 42.0), np.arange(32.0)
+    assert auc_ci(pos + 100, neg) == (pytest.approx(0.025 ** (1 / 32)), 1.0)  # never [1, 1]
+    assert auc_ci(neg, pos + 100) == (0.0, pytest.approx(1 - 0.025 ** (1 / 32)))
+    rng = np.random.default_rng(0)
+    mixed_pos, mixed_neg = rng.normal(1, 1, 40), rng.normal(0, 1, 40)
+    assert auc_ci(mixed_pos, mixed_neg, n_boot=200) == bootstrap_auc_ci(mixed_pos, mixed_neg, n_boot=200)
+    # coverage: with a true AUC just below the bound, perfect separation of 8 + 8 scores is rarer
+    # than 2.5 % (members N(mu, 1), non-members N(0, 1): AUC = Phi(mu / sqrt 2))
+    bound = separated_auc_bound(8, 8)
+    mu = math.sqrt(2) * stats.norm.ppf(bound - 0.01)
+    separated = sum(rng.normal(mu, 1, 8).min() > rng.normal(0, 1, 8).max() for _ in range(4000))
+    assert separated / 4000 < 0.025
+
+
+def test_rr_bit_llr_against_the_explicit_likelihood():
+    reported = torch.tensor([True, False, True, True])
+    in_counts, out_counts, n = torch.tensor([4, 0, 3, 1]), torch.tensor([0, 4, 1, 2]), 4
+    eps = 1.0
+    q = 1 / (1 + math.e)
+    expected = 0.0
+    for r, ki, ko in zip(reported.tolist(), in_counts.tolist(), out_counts.tolist()):
+        pi, po = (ki + 0.5) / 5, (ko + 0.5) / 5
+        one_i, one_o = pi * (1 - q) + (1 - pi) * q, po * (1 - q) + (1 - po) * q
+        expected += math.log(one_i / one_o) if r else math.log((1 - one_i) / (1 - one_o))
+    assert rr_bit_llr(reported, in_counts, out_counts, n, eps) == pytest.approx(expected, rel=1e-12)
+    # planted: members prune the first 200 of 400 bits more often; the noise-aware score separates
+    gen = torch.Generator().manual_seed(0)
+    rate_in = torch.cat([torch.full((200,), 0.7), torch.full((200,), 0.5)])
+    rate_out = torch.full((400,), 0.5)
+    cin = (torch.rand(16, 400, generator=gen) < rate_in).sum(0)
+    cout = (torch.rand(16, 400, generator=gen) < rate_out).sum(0)
+    member = [rr_bit_llr(randomized_response(torch.rand(400, generator=gen) < rate_in, 1.0, generator=gen),
+                         cin, cout, 16, 1.0) for _ in range(40)]
+    nonmember = [rr_bit_llr(randomized_response(torch.rand(400, generator=gen) < rate_out, 1.0, generator=gen),
+                            cin, cout, 16, 1.0) for _ in range(40)]
+    assert roc_auc(member, nonmember) > 0.8
+    with pytest.raises(ValueError, match="finite epsilon"):
+        rr_bit_llr(reported, in_counts, out_counts, n, math.inf)
 
 
 def test_lira_gaussian_offline_kde():

@@ -230,7 +230,14 @@ def test_cli_stages_and_report_tables(tmp_path, tiny_model_dir, tiny_clients, da
         assert (reports / f"privacy_{name}.csv").read_text().count("\n") >= 2
         assert "<table>" in (reports / f"privacy_{name}.html").read_text()  # the HTML report's page
     assert "not derived from any mechanism" in (reports / "privacy_sensitivity.md").read_text()
-    assert "What the attack observes" in (reports / "privacy_membership.md").read_text()
+    membership = (reports / "privacy_membership.md").read_text()
+    assert "What the attack observes" in membership and "Per-bit likelihood ratio knowing the noise, ε = 2" in membership
+    assert "[1.000, 1.000]" not in membership  # perfect separation reads as the exact bound, not a point
+    inversion_md = (reports / "privacy_inversion.md").read_text()
+    recovered = f"{100 * inversion['rows'][0]['bag_overlap']:.1f} %"
+    assert f"Measured in this run: T = 3: {recovered} of the bag of tokens recovered" in inversion_md
+    assert "~512+" not in inversion_md  # the old fixed sentence
+    assert "lower bound" in (reports / "privacy_defence.md").read_text()
     defence = (reports / "privacy_defence.csv").read_text().splitlines()
     assert defence[1].startswith("Dense") and defence[2].startswith("∞") and defence[3].startswith("2,")
     for png in ("privacy_membership_roc.png", "privacy_defence.png"):
@@ -270,3 +277,31 @@ def test_method_options_reach_the_recomputed_masks(tmp_path, tiny_model_dir, cli
     with pytest.raises(SystemExit):
         main(["privacy", "membership", "--method-options", "[1]", "--model", model, "--population", str(calib),
               "--out", str(tmp_path / "m.json")])
+
+
+def test_secagg_audit_sums_cohorts_and_reports(model, tmp_path):
+    from fedlib.privacy.audit_report import write_reports
+    from fedlib.privacy.stages.secagg import secagg_membership_audit
+
+    pop = _ids(40, seqlen=8, seed=3)
+    res = secagg_membership_audit(model, pop, targets=12, samples=2, pairs=4, blocks=1, cohorts=[16, 1], pool=16)
+    single = membership_audit(model, pop, targets=12, samples=2, pairs=4, blocks=1, seed=0)
+    assert [c["m"] for c in res["cohorts"]] == [1, 16]
+    one, sixteen = res["cohorts"]
+    # m = 1: the server sees the client's own mask, the global mask of one 50 % row mask under a layer
+    # top-k at 50 % is that mask, so both views score alike, and the single-mask attack leaks as much
+    assert one["votes"]["auc"] == one["global"]["auc"] and one["votes"]["auc"] > 0.9
+    assert single["attack"]["auc"] > 0.9
+    assert sixteen["votes"]["auc"] < one["votes"]["auc"]  # 15 other clients' masks hide part of the signal
+    assert res["observed_bits"] == single["observed_bits"]
+    with pytest.raises(ValueError, match="cannot fill a cohort of 16"):
+        secagg_membership_audit(model, pop, targets=12, samples=2, pairs=4, blocks=1, cohorts=[16], pool=8)
+    path = tmp_path / "secagg.json"
+    path.write_text(json.dumps(res))
+    spec = {"context": {"model": "tiny", "config": "tiny.yaml", "seed": 0}, "out_dir": str(tmp_path), "secagg": str(path)}
+    written = write_reports(spec)
+    assert sorted(p.name for p in written) == ["privacy_secagg.csv", "privacy_secagg.html", "privacy_secagg.md"]
+    md = (tmp_path / "privacy_secagg.md").read_text()
+    assert md.startswith("# Privacy audit 7") and "pool of 16 clients" in md
+    rows = (tmp_path / "privacy_secagg.csv").read_text().splitlines()
+    assert rows[-4].startswith("1,") and rows[-1].startswith("16,")

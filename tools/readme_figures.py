@@ -104,6 +104,19 @@ def server(data: dict) -> str:
             f"{_provenance(data)}")
 
 
+def secagg(data: dict) -> str:
+    """Secure aggregation's overhead on the embedded model's shapes (benchmarks/bench_secagg.py)."""
+    lines = [f"{data['model']}, {data['weights']:,} weights in {data['layers']} linears; {data['note']}. "
+             f"{_provenance(data)}", "",
+             "| clients n | k bits | client masking | server unmasking (one dropout) | plain vote counting "
+             "| upload per client | vs packed mask |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['n_clients']} | {r['modulus_bits']} | {r['client_masking_seconds']:.1f} s "
+              f"| {r['server_unmask_seconds']:.1f} s ({r['server_unmask_one_dropout_seconds']:.1f} s) "
+              f"| {r['plain_vote_count_seconds']:.1f} s | {r['client_upload_bytes'] / 2**20:.1f} MiB "
+              f"| {r['upload_vs_plain_packed']:.1f}× |" for r in data["records"]]
+    return "\n".join(lines)
+
+
 def workflow(data: dict) -> str:
     """Where a `make run` spends its time (benchmarks/workflow_summary.py over its benchmark files)."""
     rules = sorted(data["rules"].items(), key=lambda kv: -kv[1]["seconds"])
@@ -162,6 +175,8 @@ def privacy(*tables: list[list[str]]) -> str:
     inv, inv_paper = _row(t["inversion"], "SmolLM2"), _row(t["inversion"], "Paper")
     no_noise = _row(t["defence"], "∞")
     rr = [r for r in t["defence"] if r["ε per bit"][:1].isdigit()]
+    llr_auc = {re.search(r"ε = ([\d.]+) per bit", r["Attack"]).group(1): r["AUC [95 % CI]"].split()[0]
+               for r in t["membership"] if r["Attack"].startswith("Per-bit likelihood ratio")}
     rr_auc = [(re.search(r"ε = ([\d.]+) per bit", r["Attack"]).group(1), r["AUC [95 % CI]"].split()[0])
               for r in t["membership"] if "randomized response" in r["Attack"]]
     rows = [
@@ -185,10 +200,12 @@ def privacy(*tables: list[list[str]]) -> str:
          f"{inv['Bag-of-tokens recovery']} of a {inv['T tokens']}-token text's bag of tokens "
          f"(unigram guess: {inv['Unigram guess (bag)']}; exact positions {inv['Exact-position recovery']})"),
         ("privacy_defence", "randomized response on mask bits (ε per bit), FedPrLLM top-k on noisy votes: "
-         "perplexity and attack AUC", "–",
+         "perplexity and attack AUC (non-adaptive attacks: lower bounds on the leakage)", "–",
          f"WikiText-2 ppl {no_noise['WikiText-2 ppl']} without noise; "
-         + "; ".join(f"ε = {r['ε per bit']}: ppl {r['WikiText-2 ppl']}, AUC {r['MIA AUC']}" for r in rr)
-         + "; attack AUC by ε: " + ", ".join(f"{eps}: {auc}" for eps, auc in rr_auc)),
+         + "; ".join(f"ε = {r['ε per bit']}: ppl {r['WikiText-2 ppl']}, AUC {r['MIA AUC, LiRA (lower bound)']}"
+                     for r in rr)
+         + "; attack AUC by ε, LiRA / per-bit LR knowing the noise: "
+         + ", ".join(f"{eps}: {auc} / {llr_auc.get(eps, '-')}" for eps, auc in rr_auc)),
     ]
     out = ["From `reports/privacy_<analysis>.csv`: " + " / ".join(provenance) + ".", "",
            "| table | what | paper (LLaMA-7B) | measured here |", "|---|---|---|---|"]
@@ -263,12 +280,14 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "client-mask": (REPO / "benchmarks/results/client_mask.json", client_mask),
     "server": (REPO / "benchmarks/results/server.json", server),
     "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
+    "secagg": (REPO / "benchmarks/results/secagg.json", secagg),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
         ("table1", "reports/table1.csv"),
         ("table12-run", "reports/table12_run.csv"),
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
+        ("privacy-secagg", "reports/privacy_secagg.csv"),
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
 }

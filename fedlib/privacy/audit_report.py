@@ -5,7 +5,7 @@
     {"context": {model, config, config_hash, seed, lines},   # as report_context()
      "out_dir": "reports", "suffix": "" | "_full", "size": "run" | "full",
      "entropy": JSON, "similarity": JSON, "sensitivity": JSON, "membership": JSON,
-     "inversion": JSON,
+     "inversion": JSON, "secagg": JSON,
      "defence": {"records": {eps: JSON}, "evals": {eps: JSON}, "clean_eval": JSON,
                  "dense_eval": JSON, "datasets": [...], "group": "layer"}}
 
@@ -281,7 +281,7 @@ def _attack_row(label: str, a: dict, fprs) -> list[str]:
 
 
 def membership_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[Path]:
-    from fedlib.privacy.membership import epsilon_lower_bound
+    from fedlib.privacy.membership import epsilon_lower_bound, separated_auc_bound
 
     fprs = res["fprs"]
     a = res["attack"]
@@ -289,6 +289,9 @@ def membership_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[
     for r in res["rr"]:
         rows.append(_attack_row(f"LiRA vs randomized response, ε = {r['epsilon']:g} per bit "
                                 f"(flip prob. {r['flip_probability']:.3f})", r, fprs))
+        if "llr" in r:
+            rows.append(_attack_row(f"Per-bit likelihood ratio knowing the noise, ε = {r['epsilon']:g} per bit",
+                                    r["llr"], fprs))
     s = res["signal_strength"]
     n_m, n_n = a["n_members"], a["n_nonmembers"]
     scope = _block_scope(res["blocks"])
@@ -310,7 +313,11 @@ def membership_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[
         f"R + other): {res['direction_pairs']} give the direction in which the target moves the mask, "
         f"{res['fit_pairs']} fit the in/out Gaussians of the statistic <direction, mask> (variance pooled over "
         "targets). Score = log-likelihood ratio (LiRA, Carlini et al. 2022).",
-        f"Intervals: AUC 95 % bootstrap (1000 resamples); TPR 95 % Clopper–Pearson over the {n_m} members. "
+        f"Intervals: AUC 95 % bootstrap (1000 resamples); at perfect separation (AUC = 1) the bootstrap is "
+        f"degenerate, so the lower end is the exact bound {separated_auc_bound(n_m, n_n, res['confidence']):.3f} "
+        f"(Clopper–Pearson for {min(n_m, n_n)} of {min(n_m, n_n)} disjoint member/non-member pairs won, each pair "
+        "an independent trial won with probability AUC; fedlib.privacy.membership.separated_auc_bound). "
+        f"TPR 95 % Clopper–Pearson over the {n_m} members. "
         + (f"† FPR {', '.join(unresolved)} not resolvable: with {n_n} non-members the smallest non-zero FPR "
            f"is {1 / n_n:.3g}, so the TPR shown is at FPR = 0. " if unresolved else "")
         + "The target FPR is met in-sample (threshold chosen on the same scores).",
@@ -324,6 +331,12 @@ def membership_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[
         f"{pct(s['natural_hamming'], 3)} (different data sets, {s['natural_pairs']} pairs): ratio "
         f"{num(s['ratio'], 2)} (paper: 3.23 % / 4.96 % = 0.65). A ratio below 1 does not hide the target: the "
         "attack uses the direction of the change, which the attacker can compute, not its size.",
+        "Under randomized response every figure is a lower bound on the leakage: the attacks are non-adaptive "
+        "(a fixed statistic, not optimised against the mechanism). LiRA fits its Gaussians on noised shadows; "
+        f"the per-bit likelihood ratio knows the noise: sum over bits of log P(reported bit | member) / "
+        f"P(reported bit | non-member), per-bit pruning rates from all {res['pairs']} shadow pairs "
+        "(Jeffreys-smoothed) pushed through the flip probability (fedlib.privacy.defence.rr_bit_llr), "
+        "on its own noise draw.",
     ]
     columns = ["Attack", "AUC [95 % CI]"] + [f"TPR @ {f:g} FPR [95 % CI]" for f in fprs] + \
         ["ε lower bound, LR = 1 threshold", "ε lower bound, split threshold"]
@@ -387,6 +400,20 @@ def _roc_plot(res: dict, spec: dict, path: Path) -> None:
 # --------------------------------------------------------------------------- inversion
 
 
+def _inversion_summary(rows: list[dict]) -> str:
+    """What this run's attack recovered, per text length (mean over its texts), against the
+    unigram guess (the bag of the T most likely tokens of public text)."""
+    parts = []
+    for t in sorted({r["tokens"] for r in rows}):
+        at = [r for r in rows if r["tokens"] == t]
+        bag = statistics.mean(r["bag_overlap"] for r in at)
+        guesses = [r["unigram_bag_overlap"] for r in at if r.get("unigram_bag_overlap") is not None]
+        guess = f"unigram guess {pct(statistics.mean(guesses), 1)}" if guesses else "no unigram guess computed"
+        parts.append(f"T = {t}: {pct(bag, 1)} of the bag of tokens recovered ({guess}; "
+                     f"{len(at)} text{_s(len(at))})")
+    return "Measured in this run: " + "; ".join(parts) + "."
+
+
 def inversion_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[Path]:
     rows = []
     for r in res["rows"] + res["tiny"]:
@@ -413,9 +440,7 @@ def inversion_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[P
         "The block-0 q/k/v input is the normalised embedding of each token, before any position enters: the mask "
         "is a function of the bag of tokens only, so exact-position recovery is impossible by construction and "
         "bag-of-tokens recovery (multiset overlap / T) is the ceiling.",
-        "Already measured with this attack: short texts (16–64 tokens) leak their full bag of tokens from this "
-        "one mask; texts of ~512+ tokens barely beat a unigram guess (the bag of the T most likely tokens of "
-        "public text), shown as a baseline.",
+        _inversion_summary(res["rows"]),
         "Random-token agreement is the baseline mask agreement of T random tokens: masks are mostly set by the "
         "public weights, so even unrelated text agrees on most bits. The tiny model (vocabulary 32, hidden 64) is "
         "the case where the mask does hold the text: recovery is exact.",
@@ -452,14 +477,17 @@ def defence_table(d: dict, spec: dict, out_dir: Path, suffix: str, membership: d
 
     def mia_cells(eps):
         a = mia.get(eps)
-        return ["-", "-"] if a is None else [f"{a['auc']:.3f}", num(a["epsilon_lr1"]["epsilon_lb"], 2)]
+        if a is None:
+            return ["-", "-", "-"]
+        llr = f"{a['llr']['auc']:.3f}" if "llr" in a else "-"
+        return [f"{a['auc']:.3f}", llr, num(a["epsilon_lr1"]["epsilon_lb"], 2)]
 
     first = next(iter(records.values()))
     n_bits = first["bits_per_client"]
     rows = []
     if dense is not None:
         rows.append(["Dense (no pruning)", "-", "-", "-", "-", "-"] + [fmt_ppl(ppl(dense, ds)) for ds in datasets]
-                    + ["-", "-"])
+                    + ["-", "-", "-"])
     rows.append(["∞ (no noise: the Table 1 global mask)", "0", "0", "-", "0", "0"]
                 + [fmt_ppl(ppl(clean, ds)) for ds in datasets] + mia_cells(math.inf))
     for eps in sorted(records, reverse=True):
@@ -491,13 +519,16 @@ def defence_table(d: dict, spec: dict, out_dir: Path, suffix: str, membership: d
         f"{records[min(records)]['flip_rate_measured']:.4f} (expected {records[min(records)]['flip_probability']:.4f}).",
         f"Perplexity: {', '.join(DATASET_TITLES.get(ds, ds) for ds in datasets)}, {win['windows']} of "
         f"{win['total_windows']} windows × {win['seqlen']} tokens (the Table 1 evaluation windows).",
-        (f"MIA columns: the attack of privacy_membership (masks of {mscope}, {membership['samples']} samples × "
-         f"{membership['seqlen']} tokens) on masks under the same per-bit ε; AUC and its ε lower bound (LR = 1)."
+        (f"MIA columns: the attacks of privacy_membership (masks of {mscope}, {membership['samples']} samples × "
+         f"{membership['seqlen']} tokens) on masks under the same per-bit ε: LiRA's AUC, the AUC of the per-bit "
+         "likelihood ratio that knows the noise, and LiRA's ε lower bound (LR = 1). Both are non-adaptive "
+         "attacks, so each AUC is a lower bound on the leakage, not a measure of the protection."
          if membership is not None else "MIA columns: not computed."),
     ]
     columns = ["ε per bit", "Flip prob. q", "Flipped bits per client (expected)", "Whole-mask ε (composition)",
                "Global mask vs noise-free (Hamming)", "Debiased count MAE (votes)"] + \
-        [f"{DATASET_TITLES.get(ds, ds)} ppl" for ds in datasets] + ["MIA AUC", "MIA ε lower bound"]
+        [f"{DATASET_TITLES.get(ds, ds)} ppl" for ds in datasets] + \
+        ["MIA AUC, LiRA (lower bound)", "MIA AUC, noise-aware per-bit LR (lower bound)", "MIA ε lower bound"]
     tables = _write_tables(out_dir, "defence", suffix, "Privacy audit 6: randomized response on mask bits — privacy vs utility", header, columns, rows)
     png = out_dir / f"privacy_defence{suffix}.png"
     _defence_plot(records, evals, clean, dense, datasets, mia, spec, png, first, membership)
@@ -556,6 +587,47 @@ def _defence_plot(records, evals, clean, dense, datasets, mia, spec, path, first
     plt.close(fig)
 
 
+# --------------------------------------------------------------------------- secure aggregation
+
+
+def secagg_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[Path]:
+    fprs = res["fprs"]
+    labels = {"votes": "sum of the m masks (secure aggregation's output; the global file's votes)",
+              "global": f"global mask bits only (FedPrLLM {res['server_group']} top-k of the sum)"}
+    rows = []
+    for c in res["cohorts"]:
+        for view in ("votes", "global"):
+            a = c[view]
+            rows.append([str(c["m"])] + _attack_row(labels[view], a, fprs)[:-1])
+    first = res["cohorts"][0]["votes"]
+    n_m, n_n = first["n_members"], first["n_nonmembers"]
+    header = provenance(spec["context"], res["model_fingerprint"]) + [
+        "Secure aggregation (fedlib.server.secagg) shows the server only the sum of the m clients' masks, the same "
+        "vote counts a published global mask file carries as its votes tensors; a model pruned with the global "
+        "mask shows only its bits. The attack of privacy_membership, rerun on those two views per cohort size m.",
+        f"What is observed: {_block_scope(res['blocks'])} ({res['observed_layers']} linears, "
+        f"{res['observed_bits']:,} bits); every client's {res['method']} mask ({res['group']}, {res['sparsity']:.0%}) "
+        f"comes from {res['samples']} samples of {res['seqlen']} tokens. The target's client is one of the m; the "
+        f"other m − 1 are drawn from a pool of {res['pool']} clients, each with {res['samples']} random non-target "
+        "C4 windows (one pool reused across targets).",
+        f"Game: {res['targets']} targets from a population of {res['population']} C4 windows, one member and one "
+        f"non-member observation per target and m ({n_m} members, {n_n} non-members). The attacker knows the "
+        f"model, the method and the population: {res['direction_pairs']} shadow pairs per target give the target's "
+        f"direction (single masks); {res['fit_pairs']} more, each summed with m − 1 masks of its own pool of "
+        f"{res['pool']} clients ({res['draws']} draws), fit the in/out Gaussians of the statistic (variance pooled "
+        "over targets). m = 1 is the single-mask attack. A non-adaptive attack: each figure is a lower bound.",
+        f"Intervals: AUC 95 % bootstrap; at perfect separation the exact bound "
+        f"(fedlib.privacy.membership.separated_auc_bound). TPR 95 % Clopper–Pearson over the {n_m} members; † "
+        f"target FPR below 1/{n_n}: the TPR shown is at FPR = 0. ε lower bound: LR = 1 threshold, Clopper–Pearson "
+        f"{res['confidence']:.0%}.",
+    ]
+    columns = ["m (clients summed)", "What the server sees", "AUC [95 % CI]"] + \
+        [f"TPR @ {f:g} FPR [95 % CI]" for f in fprs] + ["ε lower bound, LR = 1 threshold"]
+    return _write_tables(out_dir, "secagg", suffix,
+                         "Privacy audit 7: membership inference against the aggregate (secure aggregation)",
+                         header, columns, rows)
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -579,4 +651,6 @@ def write_reports(spec: dict) -> list[Path]:
         written += inversion_table(_load(spec["inversion"]), spec, out_dir, suffix)
     if spec.get("defence"):
         written += defence_table(spec["defence"], spec, out_dir, suffix, membership, sensitivity)
+    if spec.get("secagg"):
+        written += secagg_table(_load(spec["secagg"]), spec, out_dir, suffix)
     return written

@@ -97,6 +97,28 @@ def debias_counts(observed: torch.Tensor, n_clients: int, epsilon: float) -> tor
     return (observed.to(torch.float64) - n_clients * q) / (p - q)
 
 
+def rr_bit_llr(reported: torch.Tensor, in_counts: torch.Tensor, out_counts: torch.Tensor, n_shadows: int,
+               epsilon: float) -> float:
+    """Membership score that knows the randomized-response noise: the log-likelihood ratio
+    sum_e log P(r_e | member) / P(r_e | non-member) of the reported bits r, with each bit modelled
+    as independent. P(bit pruned | member) is estimated from ``in_counts`` (how many of
+    ``n_shadows`` member shadow masks prune it, Jeffreys-smoothed: (k + 1/2) / (n + 1)), likewise
+    for non-members; the noise maps a true probability p to p·(1 − q) + (1 − p)·q. Entries where
+    the two counts agree contribute 0, so pass only the entries where they differ."""
+    q = rr_flip_probability(epsilon)
+    if q == 0.0:
+        raise ValueError("the noise-aware attack is for finite epsilon (no noise: use the clean attack)")
+
+    def reported_one(counts):
+        p = (counts.to(torch.float64) + 0.5) / (n_shadows + 1)
+        return p * (1 - q) + (1 - p) * q
+
+    p_in, p_out = reported_one(in_counts), reported_one(out_counts)
+    r = reported.to(torch.bool)
+    llr = torch.where(r, torch.log(p_in) - torch.log(p_out), torch.log1p(-p_in) - torch.log1p(-p_out))
+    return float(llr.sum())
+
+
 def mask_epsilon_composed(epsilon: float, n_bits: int) -> float:
     """Basic-composition ε of a whole released mask of ``n_bits`` bits (n_bits·ε)."""
     return epsilon * n_bits

@@ -8,7 +8,8 @@ Contents
 --------
 * ROC: :func:`roc_auc` (exact Mann-Whitney, ties count 1/2), :func:`roc_curve`,
   :func:`tpr_at_fpr` (with an explicit note when the target FPR is below the resolution
-  1/n_nonmembers of the data), :func:`bootstrap_auc_ci`.
+  1/n_nonmembers of the data), :func:`bootstrap_auc_ci`, :func:`auc_ci` (bootstrap, or the
+  exact :func:`separated_auc_bound` at perfect separation).
 * Proportions: :func:`clopper_pearson` (exact binomial interval via ``scipy.stats.beta``).
 * DP auditing: :func:`epsilon_lower_bound` (Jagielski et al. 2020; Nasr et al. 2021) from
   a confusion matrix, :func:`audit_epsilon` from scores with a threshold chosen on a
@@ -144,6 +145,36 @@ def bootstrap_auc_ci(
     alpha = 1.0 - confidence
     lo, hi = np.quantile(aucs, [alpha / 2, 1 - alpha / 2])
     return float(lo), float(hi)
+
+
+def separated_auc_bound(n_members: int, n_nonmembers: int, confidence: float = 0.95) -> float:
+    """Exact lower confidence bound on the true AUC when every member outscores every non-member.
+
+    The bootstrap degenerates to [1, 1] at perfect separation (every resample is separated too)
+    and the Hanley–McNeil standard error is 0 at AUC = 1, so neither says how low the true AUC
+    can be. Here: n = min(n_members, n_nonmembers) disjoint (member, non-member) pairs are
+    independent trials, each won (member scores higher) with probability AUC; all n were won, so
+    the Clopper–Pearson lower end for n successes of n, (α/2)^(1/n) with α = 1 − confidence
+    (the lower end of the two-sided interval), is an exact bound. It uses only n of the n_m·n_n
+    pairs, so it is conservative (valid, not tight).
+    """
+    n = min(n_members, n_nonmembers)
+    if n < 1:
+        raise ValueError("need members and non-members")
+    return clopper_pearson(n, n, confidence)[0]
+
+
+def auc_ci(scores_members, scores_nonmembers, confidence: float = 0.95, n_boot: int = 2000,
+           seed: int = 0) -> tuple[float, float]:
+    """AUC interval: :func:`bootstrap_auc_ci`, except at perfect separation (AUC 1 or 0), where
+    the bootstrap is degenerate and the bound on the separated side is
+    :func:`separated_auc_bound` (AUC = 1: [bound, 1]; AUC = 0: [0, 1 − bound])."""
+    pos, neg = _as_1d(scores_members), _as_1d(scores_nonmembers)
+    auc = roc_auc(pos, neg)
+    if auc in (0.0, 1.0):
+        bound = separated_auc_bound(pos.size, neg.size, confidence)
+        return (bound, 1.0) if auc == 1.0 else (0.0, 1.0 - bound)
+    return bootstrap_auc_ci(pos, neg, confidence, n_boot, seed)
 
 
 # --------------------------------------------------------------------------- proportions

@@ -17,16 +17,16 @@ from fedlib.privacy.stages.recompute import client_masks
 
 def attack_summary(members, nonmembers, fprs=(0.01, 0.001), confidence: float = 0.95,
                    seed: int = 0, n_boot: int = 1000) -> dict:
-    """AUC (+ bootstrap CI), ROC, TPR at each target FPR (+ Clopper-Pearson CI on the TPR,
+    """AUC (+ bootstrap CI; the exact separated-AUC bound at AUC 1 or 0), ROC, TPR at each target FPR (+ Clopper-Pearson CI on the TPR,
     with the resolution caveat) and the ε lower bounds of one attack's scores."""
     from fedlib.privacy.membership import (
-        audit_epsilon, bootstrap_auc_ci, clopper_pearson, roc_auc, roc_curve, tpr_at_fpr,
+        audit_epsilon, auc_ci, clopper_pearson, roc_auc, roc_curve, tpr_at_fpr,
     )
 
     m, n = np.asarray(members, float), np.asarray(nonmembers, float)
     fpr, tpr, _ = roc_curve(m, n)
     out = {
-        "auc": roc_auc(m, n), "auc_ci": list(bootstrap_auc_ci(m, n, confidence, n_boot, seed)),
+        "auc": roc_auc(m, n), "auc_ci": list(auc_ci(m, n, confidence, n_boot, seed)),
         "roc_fpr": fpr.tolist(), "roc_tpr": tpr.tolist(), "n_members": int(m.size),
         "n_nonmembers": int(n.size), "tpr_at_fpr": [],
     }
@@ -82,10 +82,16 @@ def membership_audit(
     shadows are noised (the attacker knows the mechanism), the direction comes from clean
     shadows. Only entries where d_t != 0 enter the statistic, so only those are noised (the
     others cannot change it): exact in distribution and cheap.
+
+    Both attacks under randomized response are non-adaptive (fixed statistics), so their AUCs
+    are lower bounds on what an attacker can reach. The second one, ``rr_llr``, knows the noise:
+    per-bit log-likelihood ratio (:func:`fedlib.privacy.defence.rr_bit_llr`) of the noised
+    observation, with per-bit member/non-member pruning rates from all ``pairs`` shadow pairs;
+    its observation noise is its own draw of the same mechanism.
     """
     from fedlib.groups import seeded_generator
     from fedlib.models import fingerprint
-    from fedlib.privacy.defence import rr_flip_probability
+    from fedlib.privacy.defence import rr_bit_llr, rr_flip_probability
     from fedlib.privacy.membership import lira_scores, target_direction
 
     P = population.shape[0]
@@ -116,6 +122,7 @@ def membership_audit(
     rr_fit_in = np.zeros((len(eps_list), targets, n_fit))
     rr_fit_out = np.zeros((len(eps_list), targets, n_fit))
     rr_obs = np.zeros((len(eps_list), targets, 2))
+    llr_obs = np.zeros((len(eps_list), targets, 2))
     target_hamming, naturals, support_sizes = [], [], []
     n_bits = None
     for t in range(targets):
@@ -158,6 +165,14 @@ def membership_audit(
             rr_fit_in[e, t] = [noisy(b) for b in sub_fit[:n_fit]]
             rr_fit_out[e, t] = [noisy(b) for b in sub_fit[n_fit:]]
             rr_obs[e, t] = [noisy(b) for b in sub_obs]
+        in_counts = torch.stack(ins).sum(0, dtype=torch.int32)
+        out_counts = torch.stack(outs).sum(0, dtype=torch.int32)
+        differ = torch.nonzero(in_counts != out_counts).flatten()
+        for e, eps in enumerate(eps_list):
+            q = rr_flip_probability(eps)
+            gen = seeded_generator(seed, "membership-rr-llr", eps, t)
+            llr_obs[e, t] = [rr_bit_llr(m[differ] ^ (torch.rand(differ.shape, generator=gen) < q),
+                                        in_counts[differ], out_counts[differ], pairs, eps) for m in observed]
         if t % 8 == 0 or t == targets - 1:
             print(f"membership: target {t + 1}/{targets} ({time.perf_counter() - t0:.0f}s)")
 
@@ -193,5 +208,7 @@ def membership_audit(
     for e, eps in enumerate(eps_list):
         m, n = scores(rr_obs[e], rr_fit_in[e], rr_fit_out[e])
         summary = attack_summary(m, n, fprs, confidence, seed)
-        result["rr"].append({"epsilon": eps, "flip_probability": rr_flip_probability(eps), **summary})
+        llr = attack_summary(llr_obs[e, :, 0], llr_obs[e, :, 1], fprs, confidence, seed)
+        result["rr"].append({"epsilon": eps, "flip_probability": rr_flip_probability(eps), **summary,
+                             "llr": llr})
     return result
