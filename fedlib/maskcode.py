@@ -58,10 +58,13 @@ def magnitude_buckets(weight: torch.Tensor, group: str) -> torch.Tensor:
     """Each weight's rank bucket (``uint8``, the weight's shape): its rank by ``|w|`` within
     its group, ascending, ties broken by position (a stable sort, so bit-identical anywhere),
     times the bucket count over the group size."""
-    scores = group_view(weight.detach().to("cpu", torch.float32).abs(), group)
+    scores = group_view(weight.detach().to("cpu", torch.float32).abs(), group).contiguous()
     size = scores.shape[1]
     buckets = n_buckets(tuple(weight.shape), group)
-    order = torch.argsort(scores, dim=1, stable=True)
+    # a non-negative float's bits order like its value: (bits, position) is a unique int64 key, so
+    # any sort gives the stable order (numpy's is ~3x faster than a stable torch.argsort)
+    keys = (scores.view(torch.int32).to(torch.int64) << 32) | torch.arange(size)
+    order = torch.from_numpy(np.argsort(keys.numpy(), axis=1))
     by_rank = (torch.arange(size) * buckets // size).to(torch.uint8).expand(scores.shape[0], size)
     out = torch.empty(scores.shape, dtype=torch.uint8).scatter_(1, order, by_rank)
     return out.T.contiguous() if group == "column" else out.reshape(weight.shape)
@@ -69,13 +72,17 @@ def magnitude_buckets(weight: torch.Tensor, group: str) -> torch.Tensor:
 
 class MagnitudeReference:
     """The public model's rank buckets (module docstring), computed from ``weight_of(layer)``
-    (the layer's stored weight). Keeps the last layer's buckets: a server decodes every
-    client's copy of one layer before the next."""
+    (the layer's stored weight). Buckets are kept up to ``cache_bytes`` (one byte a weight;
+    a 135M model's fit), so the server's digest pass and its decoding sort each layer once;
+    beyond, the last layer's are kept: a server decodes every client's copy of a layer before
+    the next."""
 
     name = "magnitude"
 
-    def __init__(self, weight_of: Callable[[str], torch.Tensor]):
+    def __init__(self, weight_of: Callable[[str], torch.Tensor], cache_bytes: int = 1 << 30):
         self._weight_of = weight_of
+        self._cache: dict[tuple[str, str], torch.Tensor] = {}
+        self._cache_left = cache_bytes
         self._last: tuple[tuple[str, str], torch.Tensor] | None = None
         self._digests: dict[tuple[tuple[str, ...], str], str] = {}
 
@@ -99,8 +106,13 @@ class MagnitudeReference:
 
     def buckets(self, layer: str, group: str) -> torch.Tensor:
         key = (layer, group)
+        if key in self._cache:
+            return self._cache[key]
         if self._last is None or self._last[0] != key:
             self._last = (key, magnitude_buckets(self._weight_of(layer), group))
+            if self._last[1].numel() <= self._cache_left:
+                self._cache[key] = self._last[1]
+                self._cache_left -= self._last[1].numel()
         return self._last[1]
 
     def digest(self, layers: Sequence[str], group: str) -> str:
