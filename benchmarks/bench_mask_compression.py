@@ -111,13 +111,13 @@ def main() -> None:
             print(f"{method:10} {sparsity:.1f}  v1 {row[1]['bits_per_weight']:.3f}  v2 {two['bits_per_weight']:.3f} "
                   f"(ideal {two['ideal_context_bits_per_weight']:.3f}, xor+lzma {two['xor_lzma_bits_per_weight']:.3f}) "
                   f"bits/weight; v2 encode {two['encode_seconds']:.1f}s decode {two['decode_seconds']:.1f}s", flush=True)
-    write("mask_compression", {
-        "model": "smollm2-135m", "weights": total_weights,
-        "calibration": {"dataset": "c4", "docs": [0, 800], "samples": args.samples, "seqlen": args.seqlen},
-        "reference": "magnitude (64 rank buckets per group)",
-        "goal": "bits_per_weight <= 0.35 at 50 % Wanda (format_version 2)",
-        "records": records,
-    })
+            write("mask_compression", {  # after every run: a long run's finished parts are kept
+                "model": "smollm2-135m", "weights": total_weights,
+                "calibration": {"dataset": "c4", "docs": [0, 800], "samples": args.samples, "seqlen": args.seqlen},
+                "reference": "magnitude (64 rank buckets per group)",
+                "goal": "bits_per_weight <= 0.35 at 50 % Wanda (format_version 2)",
+                "records": records,
+            })
 
 
 if __name__ == "__main__":
