@@ -8,11 +8,17 @@ whole file's bytes (header included) over the prunable weights. Also reported, f
 the ideal cost of the same context model (the empirical conditional entropy given the buckets)
 and XOR with the reference's mask (each group's ``k`` smallest ``|w|``) compressed with lzma.
 Goal: <= 0.35 bits per weight at 50 % Wanda.
+
+Each run's records replace the same (method, sparsity, version) records of the JSON when its
+settings (model size, calibration) are the same, so runs can be split over several processes
+(``--runs``); each record names the commit it was measured at.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import json
 import lzma
 import tempfile
 import time
@@ -21,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import DATA_DIR, load_bench_model, write
+from common import DATA_DIR, OUT_DIR, load_bench_model, write
+from fedlib.provenance import source_commit
 from fedlib.client import prune_locally
 from fedlib.data import calibration_windows
 from fedlib.maskcode import MagnitudeReference, group_view
@@ -58,6 +65,22 @@ def xor_lzma_bytes(masks, weight_of, group) -> int:
     return len(lzma.compress(b"".join(chunks), preset=6))
 
 
+def save(settings: dict, records: list[dict]) -> None:
+    """Merge ``records`` into the JSON (under a lock: other processes may be saving their runs)."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    with open(Path(tempfile.gettempdir()) / "fedlib-bench-mask-compression.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = OUT_DIR / "mask_compression.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
+        mine = {(r["method"], r["sparsity"], r["format_version"]) for r in records}
+        kept = [r for r in old.get("records", []) if (r["method"], r["sparsity"], r["format_version"]) not in mine
+                and all(old.get(k) == v for k, v in settings.items())]
+        order = {run: i for i, run in enumerate(RUNS)}
+        merged = sorted(kept + records, key=lambda r: (order.get((r["method"], r["sparsity"]), len(order)),
+                                                       r["format_version"]))
+        write("mask_compression", {**settings, "records": merged})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=8)
@@ -74,7 +97,13 @@ def main() -> None:
     fp = fingerprint(model)
     weight_of = lambda name: linear_by_name(model, name).weight  # noqa: E731
     group = "row"
-    records = []
+    records, commit = [], source_commit()
+    settings = {
+        "model": "smollm2-135m", "weights": total_weights,
+        "calibration": {"dataset": "c4", "docs": [0, 800], "samples": args.samples, "seqlen": args.seqlen},
+        "reference": "magnitude (64 rank buckets per group)",
+        "goal": "bits_per_weight <= 0.35 at 50 % Wanda (format_version 2)",
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for method, sparsity in runs:
             start = time.perf_counter()
@@ -105,19 +134,14 @@ def main() -> None:
                         conditional_entropy_bits(masks, MagnitudeReference(weight_of), group) / total_weights)
                     record["xor_lzma_bits_per_weight"] = xor_lzma_bytes(masks, weight_of, group) * 8 / total_weights
                 record["prune_seconds"] = prune_seconds
+                record["commit"] = commit
                 records.append(record)
                 row[version] = record
             two = row[2]
             print(f"{method:10} {sparsity:.1f}  v1 {row[1]['bits_per_weight']:.3f}  v2 {two['bits_per_weight']:.3f} "
                   f"(ideal {two['ideal_context_bits_per_weight']:.3f}, xor+lzma {two['xor_lzma_bits_per_weight']:.3f}) "
                   f"bits/weight; v2 encode {two['encode_seconds']:.1f}s decode {two['decode_seconds']:.1f}s", flush=True)
-            write("mask_compression", {  # after every run: a long run's finished parts are kept
-                "model": "smollm2-135m", "weights": total_weights,
-                "calibration": {"dataset": "c4", "docs": [0, 800], "samples": args.samples, "seqlen": args.seqlen},
-                "reference": "magnitude (64 rank buckets per group)",
-                "goal": "bits_per_weight <= 0.35 at 50 % Wanda (format_version 2)",
-                "records": records,
-            })
+            save(settings, records)  # after every run: a long run's finished parts are kept
 
 
 if __name__ == "__main__":

@@ -225,6 +225,32 @@ def byzantine(data: dict) -> str:
     return "\n".join(lines)
 
 
+def mask_compression(data: dict) -> str:
+    """Mask file size, format version 1 vs 2 (benchmarks/bench_mask_compression.py)."""
+    cal = data["calibration"]
+    lines = [
+        f"{data['model']} ({data['weights']:,} prunable weights), one client's masks ({cal['samples']} × "
+        f"{cal['seqlen']} {cal['dataset']} calibration tokens, row groups), written and read back through fedlib "
+        f"(lossless: decoded == the client's masks). Bits per weight = the whole file's bits (header included) over "
+        f"the weights; reference: {data['reference']}. {_provenance(data)}",
+        "",
+        "| method | sparsity | version 1 | version 2 | v2 / v1 | ideal for v2's model | XOR with the magnitude "
+        "mask + lzma | v2 encode | v2 decode |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = {(r["method"], r["sparsity"], r["format_version"]): r for r in data["records"]}
+    for method, sparsity, _ in [k for k in rows if k[2] == 2]:
+        one, two = rows[(method, sparsity, 1)], rows[(method, sparsity, 2)]
+        lines.append(
+            f"| {method} | {sparsity:.0%} | {one['bits_per_weight']:.3f} | **{two['bits_per_weight']:.3f}** "
+            f"| {two['bits_per_weight'] / one['bits_per_weight']:.1%} | {two['ideal_context_bits_per_weight']:.3f} "
+            f"| {two['xor_lzma_bits_per_weight']:.3f} | {two['encode_seconds']:.0f} s | {two['decode_seconds']:.0f} s |")
+    goal = [r for r in data["records"] if (r["method"], r["sparsity"], r["format_version"]) == ("wanda", 0.5, 2)]
+    met = bool(goal) and goal[0]["bits_per_weight"] <= 0.35
+    lines += ["", f"Goal ({data['goal']}): {'met' if met else 'NOT met'}."]
+    return "\n".join(lines)
+
+
 def _load(path: Path):
     if path.suffix == ".json":
         return json.loads(path.read_text())
@@ -238,6 +264,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "server": (REPO / "benchmarks/results/server.json", server),
     "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
+    "mask-compression": (REPO / "benchmarks/results/mask_compression.json", mask_compression),
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
         ("table1", "reports/table1.csv"),
         ("table12-run", "reports/table12_run.csv"),
