@@ -65,18 +65,21 @@ def xor_lzma_bytes(masks, weight_of, group) -> int:
     return len(lzma.compress(b"".join(chunks), preset=6))
 
 
+def key(record: dict) -> tuple:
+    return record["method"], record["sparsity"], record["format_version"], record["blocks"]
+
+
 def save(settings: dict, records: list[dict]) -> None:
     """Merge ``records`` into the JSON (under a lock: other processes may be saving their runs)."""
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
     with open(Path(tempfile.gettempdir()) / "fedlib-bench-mask-compression.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         path = OUT_DIR / "mask_compression.json"
         old = json.loads(path.read_text()) if path.exists() else {}
-        mine = {(r["method"], r["sparsity"], r["format_version"]) for r in records}
-        kept = [r for r in old.get("records", []) if (r["method"], r["sparsity"], r["format_version"]) not in mine
+        mine = {key(r) for r in records}
+        kept = [r for r in old.get("records", []) if key(r) not in mine
                 and all(old.get(k) == v for k, v in settings.items())]
         order = {run: i for i, run in enumerate(RUNS)}
-        merged = sorted(kept + records, key=lambda r: (order.get((r["method"], r["sparsity"]), len(order)),
+        merged = sorted(kept + records, key=lambda r: (-r["blocks"], order.get((r["method"], r["sparsity"]), len(order)),
                                                        r["format_version"]))
         write("mask_compression", {**settings, "records": merged})
 
@@ -85,6 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seqlen", type=int, default=512)
+    parser.add_argument("--blocks", type=int, help="prune and code only the first BLOCKS blocks (default: all)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", nargs="*", help="method:sparsity pairs (default: all)")
     args = parser.parse_args()
@@ -93,13 +97,21 @@ def main() -> None:
     model, tokenizer = load_bench_model()
     ids = calibration_windows(tokenizer, "c4", DATA_DIR, args.samples, args.seqlen, 0, (0, 800))
     layers = prunable_layers(model)
+    n_blocks = len({info.block for info in layers})
+    blocks = n_blocks if args.blocks is None else args.blocks
+    layers = [info for info in layers if info.block < blocks]
     total_weights = sum(info.shape[0] * info.shape[1] for info in layers)
     fp = fingerprint(model)
     weight_of = lambda name: linear_by_name(model, name).weight  # noqa: E731
     group = "row"
+    # one reference for every run, as a client or server keeps it: its buckets are computed once
+    start = time.perf_counter()
+    reference = MagnitudeReference(weight_of)
+    reference.digest([info.name for info in layers], group)
+    reference_seconds = time.perf_counter() - start
     records, commit = [], source_commit()
     settings = {
-        "model": "smollm2-135m", "weights": total_weights,
+        "model": "smollm2-135m", "model_blocks": n_blocks,
         "calibration": {"dataset": "c4", "docs": [0, 800], "samples": args.samples, "seqlen": args.seqlen},
         "reference": "magnitude (64 rank buckets per group)",
         "goal": "bits_per_weight <= 0.35 at 50 % Wanda (format_version 2)",
@@ -107,39 +119,43 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for method, sparsity in runs:
             start = time.perf_counter()
-            masks = prune_locally(model, ids, method, sparsity, group, 0).masks
+            masks = prune_locally(model, ids, method, sparsity, group, 0, blocks=blocks).masks
             prune_seconds = time.perf_counter() - start
             header = dict(fingerprint=fp, role="client", client_id="0", method=method, group=group,
                           sparsity=sparsity, allocation=method_allocation(method), n_samples=ids.shape[0], seed=0)
             row = {}
             for version in (1, 2):
                 path = Path(tmp) / f"{method}-{sparsity}.v{version}.safetensors"
-                reference = MagnitudeReference(weight_of)  # fresh: its digest and buckets are part of the cost
                 start = time.perf_counter()
                 write_mask_file(path, masks, layers, format_version=version,
                                 reference=reference if version == 2 else None, **header)
                 encode = time.perf_counter() - start
                 start = time.perf_counter()
-                reader = MaskFile(path, fp, layers, reference=MagnitudeReference(weight_of))
+                reader = MaskFile(path, fp, layers, whole_model=blocks == n_blocks, reference=reference)
                 decoded = {info.name: reader.layer_mask(info.name) for info in layers}
                 decode = time.perf_counter() - start
                 if any(not torch.equal(decoded[name], mask) for name, mask in masks.items()):
                     raise SystemExit(f"{method} {sparsity}: version {version} did not decode to the client's masks")
                 size = path.stat().st_size
                 record = {"format_version": version, "method": method, "sparsity": sparsity, "group": group,
+                          "blocks": blocks, "weights": total_weights,
                           "bits_per_weight": size * 8 / total_weights, "file_bytes": size,
                           "encode_seconds": encode, "decode_seconds": decode}
                 if version == 2:
+                    record["reference_seconds"] = reference_seconds
                     record["ideal_context_bits_per_weight"] = (
-                        conditional_entropy_bits(masks, MagnitudeReference(weight_of), group) / total_weights)
-                    record["xor_lzma_bits_per_weight"] = xor_lzma_bytes(masks, weight_of, group) * 8 / total_weights
+                        conditional_entropy_bits(masks, reference, group) / total_weights)
+                    if (method, sparsity) == ("wanda", 0.5):  # two full sorts: for the goal's run only
+                        record["xor_lzma_bits_per_weight"] = (
+                            xor_lzma_bytes(masks, weight_of, group) * 8 / total_weights)
                 record["prune_seconds"] = prune_seconds
                 record["commit"] = commit
                 records.append(record)
                 row[version] = record
             two = row[2]
-            print(f"{method:10} {sparsity:.1f}  v1 {row[1]['bits_per_weight']:.3f}  v2 {two['bits_per_weight']:.3f} "
-                  f"(ideal {two['ideal_context_bits_per_weight']:.3f}, xor+lzma {two['xor_lzma_bits_per_weight']:.3f}) "
+            xor = f", xor+lzma {two['xor_lzma_bits_per_weight']:.3f}" if "xor_lzma_bits_per_weight" in two else ""
+            print(f"{method:10} {sparsity:.1f} blocks {blocks}  v1 {row[1]['bits_per_weight']:.3f}  "
+                  f"v2 {two['bits_per_weight']:.3f} (ideal {two['ideal_context_bits_per_weight']:.3f}{xor}) "
                   f"bits/weight; v2 encode {two['encode_seconds']:.1f}s decode {two['decode_seconds']:.1f}s", flush=True)
             save(settings, records)  # after every run: a long run's finished parts are kept
 
