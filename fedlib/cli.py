@@ -523,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="iterative FedPrLLM: the federation scales weights, so continue from the scaled blocks")
     p.add_argument("--format-version", type=int, default=1, choices=[1, 2],
                    help="mask file format: 1 = packed bits; 2 = coded against the public model's weight "
-                        "magnitudes (about 0.3 bits per weight at 50%% Wanda)")
+                        "magnitudes (0.34 bits per weight at 50%% Wanda on SmolLM2-135M, vs 1.003)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
     add_placement_arguments(p)
