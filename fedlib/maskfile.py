@@ -16,6 +16,13 @@ Format (safetensors, so no pickle and a bounded, checkable header):
   ``layers``: JSON list of ``{"name", "shape", "pruned"}`` in model order; plus the ``x_``
   fields of the file's kind (:data:`EXTRAS`).
 
+Format version 2 (client mask files only; ``--format-version 2``): ``mask:<layer>`` is the
+layer's mask entropy-coded against a reference computed from the public model
+(:mod:`fedlib.maskcode`), variable length; two more fields name the reference (``reference``)
+and the sha256 of what it computes for the file's layers (``reference_sha256``). The reader
+decodes a layer only with the same reference (:class:`MaskFile`'s ``reference``) and accepts
+only the bytes the writer produces for the decoded bits; every other check is version 1's.
+
 Reading is strict: a server takes files from parties it does not control, so a file is either
 exactly what fedlib's writer produces for content the protocol allows, or refused with a
 :class:`MaskFileError` naming the file and the field. :func:`read_header` (no bits read)
@@ -46,12 +53,16 @@ import torch
 
 from fedlib import __version__
 from fedlib.groups import GROUPS, expected_pruned, group_sparsity, parse_nm, pruned_count
-from fedlib.io import SAFETENSORS_DTYPES, SafetensorsWriter, safetensors_layout
+from fedlib.io import SAFETENSORS_DTYPES, SafetensorsWriter, safetensors_layout, write_safetensors
 from fedlib.methods import METHODS
 from fedlib.models import DTYPES, LayerInfo
 
 FORMAT = "fedlib-mask"
 FORMAT_VERSION = 1
+#: the versions this reader accepts; 2 is the coded client mask (:mod:`fedlib.maskcode`)
+FORMAT_VERSIONS = (1, 2)
+#: the fields a version 2 file adds to :data:`METADATA_FIELDS`
+CODED_FIELDS = ("reference", "reference_sha256")
 #: slack on the whole-model sparsity of a non-uniform allocation (OWL, BESA)
 SPARSITY_TOLERANCE = 0.005
 #: safetensors' own bound on a file's JSON header
@@ -105,6 +116,10 @@ class MaskHeader:
     votes: bool = False
     #: every tensor: name -> (dtype, shape, offset of its bytes in the file)
     tensors: dict = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    #: version 2: the reference's name and sha256 (:mod:`fedlib.maskcode`)
+    reference: str = ""
+    reference_sha256: str = ""
 
     @property
     def total_weights(self) -> int:
@@ -128,6 +143,11 @@ class MaskWriter:
     FedSpaLLM upload's ``weight:<layer>``). Every declared tensor must be added before
     :meth:`close`; the header's metadata (module docstring) is written then. Used as a context
     manager, an exception leaves nothing behind.
+
+    ``format_version=2`` codes each layer against ``reference`` (a
+    :class:`fedlib.maskcode.MagnitudeReference` of the public model): a client mask file only,
+    no votes or further tensors. The coded layers (about a third of version 1's bytes) are held
+    until :meth:`close`, whose header needs their lengths.
     """
 
     def __init__(
@@ -148,7 +168,14 @@ class MaskWriter:
         votes: bool = False,
         extra: Mapping[str, str] | None = None,
         tensors: Mapping[str, tuple[torch.dtype, Sequence[int]]] | None = None,
+        format_version: int = FORMAT_VERSION,
+        reference=None,
     ):
+        if format_version not in FORMAT_VERSIONS:
+            raise ValueError(f"format_version must be one of {FORMAT_VERSIONS}, got {format_version!r}")
+        if format_version == 2 and (role != "client" or votes or tensors or reference is None):
+            raise ValueError("format version 2 is a client's mask file (no votes or further tensors) coded "
+                             "against a reference")
         clash = [k for k in (tensors or {}) if k.startswith(("mask:", "votes:"))]
         if clash:
             raise ValueError(f"extra tensor names may not start with 'mask:' or 'votes:': {clash[:3]}")
@@ -161,9 +188,12 @@ class MaskWriter:
                 declared[f"votes:{info.name}"] = (self.votes_dtype, info.shape)
         self.shapes = {info.name: info.shape for info in self.layers}
         self.pruned: dict[str, int] = {}
+        self.group, self.reference = group, reference
+        #: version 2: layer -> (coded payload, digest of the reference's buckets)
+        self.coded: dict[str, tuple[torch.Tensor, bytes]] | None = {} if format_version == 2 else None
         self.metadata = {
             "format": FORMAT,
-            "format_version": str(FORMAT_VERSION),
+            "format_version": str(format_version),
             "model_fingerprint": fingerprint,
             "role": role,
             "client_id": str(client_id),
@@ -177,7 +207,7 @@ class MaskWriter:
             "fedlib_version": __version__,
         }
         self.metadata.update({f"x_{k}": str(v) for k, v in (extra or {}).items()})
-        self.writer = SafetensorsWriter(self.path, declared)
+        self.writer = SafetensorsWriter(self.path, declared) if self.coded is None else None
 
     def add(self, name: str, mask: torch.Tensor, votes: torch.Tensor | None = None) -> None:
         if name not in self.shapes:
@@ -186,7 +216,13 @@ class MaskWriter:
             raise ValueError(f"{name}: mask shape {tuple(mask.shape)} != layer {self.shapes[name]}")
         if (votes is not None) != self.with_votes:
             raise ValueError(f"{name}: this file {'needs' if self.with_votes else 'has no'} vote counts")
-        self.writer.add(f"mask:{name}", pack_bits(mask))
+        if self.coded is None:
+            self.writer.add(f"mask:{name}", pack_bits(mask))
+        else:
+            from fedlib.maskcode import encode_layer, layer_digest
+
+            buckets = self.reference.buckets(name, self.group)
+            self.coded[name] = (encode_layer(mask, buckets), layer_digest(name, self.group, buckets))
         self.pruned[name] = int(mask.sum())
         if votes is not None:
             self.writer.add(f"votes:{name}", votes.to("cpu", self.votes_dtype).contiguous())
@@ -197,7 +233,18 @@ class MaskWriter:
     def close(self) -> None:
         layer_meta = [{"name": info.name, "shape": list(info.shape), "pruned": self.pruned.get(info.name)}
                       for info in self.layers]
-        self.writer.close({**self.metadata, "layers": json.dumps(layer_meta, separators=(",", ":"))})
+        metadata = {**self.metadata, "layers": json.dumps(layer_meta, separators=(",", ":"))}
+        if self.coded is None:
+            self.writer.close(metadata)
+            return
+        from fedlib.maskcode import combine_digests
+
+        missing = [info.name for info in self.layers if info.name not in self.coded]
+        if missing:
+            raise ValueError(f"{self.path}: {len(missing)} layers never added, e.g. {missing[0]!r}")
+        metadata["reference"] = self.reference.name
+        metadata["reference_sha256"] = combine_digests([(info.name, self.coded[info.name][1]) for info in self.layers])
+        write_safetensors(self.path, {f"mask:{name}": payload for name, (payload, _) in self.coded.items()}, metadata)
 
     def __enter__(self) -> "MaskWriter":
         return self
@@ -206,7 +253,8 @@ class MaskWriter:
         if exc_type is None:
             self.close()
         else:
-            self.writer.abort()
+            if self.writer is not None:
+                self.writer.abort()
 
 
 def write_mask_file(
@@ -370,6 +418,12 @@ def _rounding(text: str) -> str:
     return _one_of(*ROUNDINGS)(text)
 
 
+def _sha256(text: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", text):
+        raise ValueError(f"expected a sha256 in 64 lowercase hex digits, got {_show(text)}")
+    return text
+
+
 def _layers(text: str) -> list[dict]:
     value = strict_json(text)
     if not isinstance(value, list) or not value:
@@ -401,6 +455,7 @@ _PARSE = {
     "model_fingerprint": _text, "role": _one_of("client", "global"), "client_id": _text, "method": _text,
     "group": _group, "sparsity": _float, "allocation": _one_of("uniform", "nonuniform"), "n_samples": _count,
     "seed": _count, "n_clients": _count, "fedlib_version": _version, "layers": _layers,
+    "reference": _one_of("magnitude"), "reference_sha256": _sha256,
 }
 #: the ``x_`` metadata each kind of file carries, by (role, payload): (always, optional), and how
 #: each value is checked. Client masks: ``fedlib client-mask`` records the method's options and the
@@ -497,10 +552,13 @@ def read_header(
 def _parse_metadata(path: Path, meta: dict) -> MaskHeader:
     if meta.get("format") != FORMAT:
         raise MaskFileError(path, "format", f"expected {FORMAT!r}, got {_show(meta.get('format'))}")
-    if meta.get("format_version") != str(FORMAT_VERSION):
-        raise MaskFileError(path, "format_version", f"expected {str(FORMAT_VERSION)!r}, got {_show(meta.get('format_version'))}")
+    versions = [str(v) for v in FORMAT_VERSIONS]
+    if meta.get("format_version") not in versions:
+        raise MaskFileError(path, "format_version", f"expected one of {versions}, got {_show(meta.get('format_version'))}")
+    version = int(meta["format_version"])
+    coded = CODED_FIELDS if version == 2 else ()
     values = {}
-    for key in METADATA_FIELDS[2:]:
+    for key in METADATA_FIELDS[2:] + coded:
         if key not in meta:
             raise MaskFileError(path, key, "missing")
         try:
@@ -509,7 +567,7 @@ def _parse_metadata(path: Path, meta: dict) -> MaskHeader:
             raise MaskFileError(path, key, str(err)) from None
     role, payload = values["role"], PAYLOAD if "x_payload" in meta else "mask"
     always, optional = EXTRAS[(role, payload)]
-    allowed = set(METADATA_FIELDS) | {f"x_{k}" for k in always + optional}
+    allowed = set(METADATA_FIELDS) | set(coded) | {f"x_{k}" for k in always + optional}
     unknown = sorted(set(meta) - allowed)
     if unknown:
         raise MaskFileError(path, unknown[0], f"not a field of a {role} {payload} file; its x_ fields are "
@@ -534,7 +592,11 @@ def _parse_metadata(path: Path, meta: dict) -> MaskHeader:
         method=values["method"], group=values["group"], sparsity=values["sparsity"],
         allocation=values["allocation"], n_samples=values["n_samples"], seed=values["seed"],
         n_clients=values["n_clients"], layers=values["layers"], extra=extra, payload=payload,
+        format_version=version, reference=values.get("reference", ""),
+        reference_sha256=values.get("reference_sha256", ""),
     )
+    if version == 2 and (role, payload) != ("client", "mask"):
+        raise MaskFileError(path, "format_version", f"version 2 is a client's mask file, this is a {role} {payload} file")
     if not 0.0 <= header.sparsity < 1.0:
         raise MaskFileError(path, "sparsity", f"expected a fraction in [0, 1), got {header.sparsity}")
     _check_method(header)
@@ -578,7 +640,7 @@ def _check_tensors(header: MaskHeader, entries: dict, meta: dict, head: bytes, s
     declared = {}
     for layer in header.layers:
         shape = tuple(layer["shape"])
-        declared[f"mask:{layer['name']}"] = (torch.uint8, ((math.prod(shape) + 7) // 8,))
+        declared[f"mask:{layer['name']}"] = (torch.uint8, (_payload_bytes(header, layer, entries, path),))
         if header.votes:
             declared[f"votes:{layer['name']}"] = (votes_dtype(header.n_clients), shape)
         if header.payload == PAYLOAD:
@@ -605,6 +667,20 @@ def _check_tensors(header: MaskHeader, entries: dict, meta: dict, head: bytes, s
     if size != expected_size:
         raise MaskFileError(path, "file", f"{size} bytes, its header describes {expected_size}")
     header.tensors = {name: (dtype, shape, len(canonical) + spans[name][0]) for name, (dtype, shape) in declared.items()}
+
+
+def _payload_bytes(header: MaskHeader, layer: dict, entries: dict, path: Path) -> int:
+    """The length of a layer's ``mask:`` tensor: its packed bits (version 1), or what the file
+    says (version 2's coded layers vary), if it says it as a 1-D length within the file."""
+    if header.format_version == 1:
+        return (math.prod(layer["shape"]) + 7) // 8
+    name = f"mask:{layer['name']}"
+    shape = entries.get(name, {}).get("shape") if isinstance(entries.get(name), dict) else None
+    if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int and 0 <= shape[0] <= MAX_HEADER_BYTES
+            and shape[0] <= math.prod(layer["shape"]) + 1024):
+        raise MaskFileError(path, name, f"expected a coded layer: uint8 of shape [bytes], bytes in "
+                                        f"0..{math.prod(layer['shape']) + 1024}, got {_show(entries.get(name), 120)}")
+    return shape[0]
 
 
 def _check_header(header: MaskHeader, fingerprint, expected_layers, whole_model: bool) -> None:
@@ -700,13 +776,35 @@ def _rounding_slack(header: MaskHeader) -> float:
 
 class MaskFile:
     """An open, header-checked mask file; layers are read and checked one at a time so the
-    server's memory does not grow with the number of clients."""
+    server's memory does not grow with the number of clients.
+
+    ``reference`` (a :class:`fedlib.maskcode.MagnitudeReference` of the model the file claims)
+    decodes a version 2 file; it must compute the digest the file records."""
 
     def __init__(self, path: Path, expected_fingerprint: str | None = None,
-                 expected_layers: Sequence[LayerInfo] | None = None, whole_model: bool = True):
+                 expected_layers: Sequence[LayerInfo] | None = None, whole_model: bool = True,
+                 reference=None):
         self.header = read_header(path, expected_fingerprint, expected_layers, whole_model)
         self.path = Path(path)
         self._shapes = {layer["name"]: layer for layer in self.header.layers}
+        self.reference = reference
+        if self.header.format_version == 2:
+            self._check_reference()
+
+    def _check_reference(self) -> None:
+        header = self.header
+        if self.reference is None:
+            raise MaskFileError(self.path, "format_version", "a version 2 file is coded against the public model's "
+                                                             "weights; this reader was given no reference to decode it")
+        if header.reference != self.reference.name:
+            raise MaskFileError(self.path, "reference", f"{header.reference!r}; the server computes "
+                                                        f"{self.reference.name!r}")
+        digest = self.reference.digest([layer["name"] for layer in header.layers], header.group)
+        if header.reference_sha256 != digest:
+            raise MaskFileError(self.path, "reference_sha256",
+                                f"{header.reference_sha256[:16]}... but the server's model gives {digest[:16]}...: the "
+                                "file was coded against other weights (another checkpoint, or a client that computed "
+                                "in another dtype)")
 
     def _tensor(self, key: str) -> torch.Tensor:
         """A tensor's bytes where the checked header put them (a file changed since is caught
@@ -724,11 +822,19 @@ class MaskFile:
     def layer_mask(self, name: str) -> torch.Tensor:
         layer = self._shapes[name]
         shape = layer["shape"]
-        packed = self._tensor(f"mask:{name}")  # uint8, (numel + 7) // 8 bytes: the header says so
-        mask = unpack_bits(packed, shape)
-        spare = packed.numel() * 8 - math.prod(shape)
-        if spare and int(packed[-1]) >> (8 - spare):
-            raise MaskFileError(self.path, f"mask:{name}", "padding bits are not zero")
+        packed = self._tensor(f"mask:{name}")  # uint8, (numel + 7) // 8 bytes (v1): the header says so
+        if self.header.format_version == 2:
+            from fedlib.maskcode import decode_layer
+
+            try:
+                mask = decode_layer(packed, self.reference.buckets(name, self.header.group), self.header.group)
+            except ValueError as err:
+                raise MaskFileError(self.path, f"mask:{name}", str(err)) from None
+        else:
+            mask = unpack_bits(packed, shape)
+            spare = packed.numel() * 8 - math.prod(shape)
+            if spare and int(packed[-1]) >> (8 - spare):
+                raise MaskFileError(self.path, f"mask:{name}", "padding bits are not zero")
         pruned = int(mask.sum())
         if pruned != layer["pruned"]:
             raise MaskFileError(

@@ -1,7 +1,8 @@
 """Hostile mask files (issue 14): every one refused with fedlib's own error, or valid.
 
-Seeds are real files for a tiny model, written through the CLI: Wanda client masks, an OWL
-client mask (nonuniform), FedSpaLLM weight uploads, and the global files of both servers.
+Seeds are real files for a tiny model, written through the CLI: Wanda client masks (format
+versions 1 and 2), an OWL client mask (nonuniform), FedSpaLLM weight uploads, and the global
+files of both servers.
 Hypothesis, derandomized (the same cases on every run), mutates them
 
 * at the byte level: bit flips in the header and in the data, truncation, padding, insertion,
@@ -15,7 +16,9 @@ Hypothesis, derandomized (the same cases on every run), mutates them
 
 The oracle does not ask the reader. A file is *valid* iff (1) decoding it naively and writing
 the decoded content again with fedlib's writer gives the same bytes (so it is canonical, and
-every count it claims is the count of its bits: the writer computes them from the bits), and
+every count it claims is the count of its bits: the writer computes them from the bits; a
+version 2 file's coded layers are decoded here with ``constriction`` against rank buckets
+computed here from the checkpoint, :func:`decode_coded`), and
 (2) its content obeys the protocol's rules as README and :mod:`fedlib.maskfile` state them
 (:func:`spec_violations`, written out here). The reader must accept exactly the valid files
 and refuse every other with :class:`MaskFileError` naming the file and a field; any other
@@ -39,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,6 +50,7 @@ import fedlib.maskfile
 from fedlib.cli import main
 from fedlib.data import save_tokens
 from fedlib.groups import GROUPS, pruned_count
+from fedlib.maskcode import MagnitudeReference
 from fedlib.maskfile import SPARSITY_TOLERANCE, MaskFile, MaskFileError, MaskWriter
 from fedlib.methods import METHODS
 from fedlib.models import LayerInfo, open_model
@@ -89,6 +94,8 @@ class Corpus:
     layers: list
     seeds: dict
     honest: dict  # payload -> paths of honest client files
+    weights: dict  # layer -> its stored weight (the public model a version 2 file is coded against)
+    reference: MagnitudeReference  # fedlib's, for the reader and the writer
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +115,9 @@ def corpus(tmp_path_factory) -> Corpus:
     wanda = [root / f"wanda_{c}.mask.safetensors" for c in range(3)]
     for c, out in enumerate(wanda):
         run("client-mask", *model, "--calib", calib[c], "--client-id", c, "--group", "row", "--out", out)
+    coded = root / "wanda_v2.mask.safetensors"
+    run("client-mask", *model, "--calib", calib[0], "--client-id", 0, "--group", "row", "--format-version", 2,
+        "--out", coded)
     owl = root / "owl.mask.safetensors"
     run("client-mask", *model, "--calib", calib[0], "--client-id", "owl-0", "--method", "owl", "--group", "layer",
         "--method-options", '{"lam": 0.1, "outlier_m": 1.5}', "--out", owl)
@@ -120,18 +130,22 @@ def corpus(tmp_path_factory) -> Corpus:
     fedspallm = root / "global.weights.safetensors"
     run("aggregate", *model, "--strategy", "fedspallm", "--sparsity", 0.7, "--round", 0, "--out", fedspallm, *uploads)
     handle = open_model(str(model_dir), weights=False)
-    seeds = [Seed("wanda", wanda[0].read_bytes(), "mask"), Seed("owl", owl.read_bytes(), "mask"),
+    seeds = [Seed("wanda", wanda[0].read_bytes(), "mask"), Seed("wanda-v2", coded.read_bytes(), "mask"),
+             Seed("owl", owl.read_bytes(), "mask"),
              Seed("upload", uploads[0].read_bytes(), "weights"), Seed("fedprllm-global", fedprllm.read_bytes(), "mask"),
              Seed("fedspallm-global", fedspallm.read_bytes(), "weights")]
+    stored = load_file(model_dir / "model.safetensors")
+    weights = {info.name: stored[f"{info.name}.weight"] for info in handle.layers()}
     return Corpus(root, model_dir, handle.fingerprint(), handle.layers(), {s.name: s for s in seeds},
-                  {"mask": wanda[1:], "weights": uploads[1:]})
+                  {"mask": wanda[1:], "weights": uploads[1:]}, weights, MagnitudeReference(weights.__getitem__))
 
 
 # --------------------------------------------------------------------------- the oracle
 
 
-def decode(data: bytes):
-    """Naive safetensors decoding: (metadata, tensors), or None."""
+def decode(data: bytes, corpus: Corpus):
+    """Naive safetensors decoding: (metadata, tensors), or None. A version 2 file's coded
+    ``mask:`` tensors come back as packed bits, as version 1 stores them."""
     try:
         length = int.from_bytes(data[:8], "little")
         header = json.loads(data[8:8 + length])
@@ -141,10 +155,42 @@ def decode(data: bytes):
             start, end = entry["data_offsets"]
             array = np.frombuffer(data[8 + length + start:8 + length + end], dtype=NUMPY[entry["dtype"]])
             tensors[name] = torch.from_numpy(array.reshape(entry["shape"]).copy())
+        if meta.get("format_version") == "2":
+            for entry in json.loads(meta["layers"]):
+                bits = decode_coded(tensors[f"mask:{entry['name']}"], corpus.weights[entry["name"]], meta["group"])
+                if list(bits.shape) != entry["shape"]:
+                    return None
+                tensors[f"mask:{entry['name']}"] = torch.from_numpy(np.packbits(bits.reshape(-1), bitorder="little"))
         json.loads(meta["layers"])
         return meta, tensors
     except Exception:  # anything that does not decode is not a valid file
         return None
+
+
+def decode_coded(payload: torch.Tensor, weight: torch.Tensor, group: str) -> np.ndarray:
+    """A version 2 layer, from fedlib.maskcode's description: rank buckets of |w| within each
+    group (ties by position), min(64, group size) of them; a uint16 probability per bucket, then
+    ANS words; the weights bucket by bucket, each in row-major order."""
+    import constriction
+
+    w = weight.float().abs()
+    nm = re.fullmatch(r"([0-9]+):([0-9]+)", group)
+    view = {"row": w, "column": w.T, "layer": w.reshape(1, -1)}.get(group) if not nm else w.reshape(-1, int(nm[2]))
+    size = view.shape[1]
+    n = min(64, size)
+    rank = torch.empty(view.shape, dtype=torch.int64).scatter_(
+        1, torch.argsort(view, dim=1, stable=True), torch.arange(size).expand(view.shape).contiguous())
+    buckets = (rank * n // size)
+    buckets = (buckets.T if group == "column" else buckets.reshape(w.shape)).reshape(-1).numpy()
+    data = payload.numpy()
+    table = data[:2 * n].view("<u2")
+    coder = constriction.stream.stack.AnsCoder(data[2 * n:].view("<u4").astype(np.uint32))
+    bits = np.empty(buckets.size, dtype=bool)
+    for b in range(n):
+        where = np.flatnonzero(buckets == b)
+        model = constriction.stream.model.Bernoulli(float(table[b]) / 65536, perfect=False)
+        bits[where] = coder.decode(model, where.size).astype(bool)
+    return bits.reshape(w.shape)
 
 
 @contextlib.contextmanager
@@ -163,7 +209,7 @@ def unpack(packed: torch.Tensor, shape) -> torch.Tensor:
     return torch.from_numpy(bits.astype(bool)).reshape(shape)
 
 
-def rewrite(meta: dict, tensors: dict, folder: Path) -> bytes | None:
+def rewrite(meta: dict, tensors: dict, folder: Path, corpus: Corpus) -> bytes | None:
     """The bytes fedlib's writer gives for this content (None if it refuses to write it)."""
     out = folder / "rewritten.safetensors"
     try:
@@ -185,7 +231,8 @@ def rewrite(meta: dict, tensors: dict, folder: Path) -> bytes | None:
                         writer.add_layer(info.name, masks[info.name], tensors[f"weight:{info.name}"],
                                          tensors[f"votes:{info.name}"] if votes else None)
             else:
-                with MaskWriter(out, layers, extra=extra, votes=votes, **header) as writer:
+                coded = dict(format_version=2, reference=corpus.reference) if meta["format_version"] == "2" else {}
+                with MaskWriter(out, layers, extra=extra, votes=votes, **header, **coded) as writer:
                     for info in layers:
                         writer.add(info.name, masks[info.name], tensors[f"votes:{info.name}"] if votes else None)
         return out.read_bytes()
@@ -352,14 +399,14 @@ def spec_violations(meta: dict, tensors: dict, corpus: Corpus, payload_expected:
 
 
 def is_valid(data: bytes, corpus: Corpus, payload: str, folder: Path) -> bool:
-    decoded = decode(data)
+    decoded = decode(data, corpus)
     if decoded is None:
         return False
     meta, tensors = decoded
     length = int.from_bytes(data[:8], "little")
     if encode(json.loads(data[8:8 + length]), data[8 + length:]) != data:
         return False  # the header is not in canonical form: no need to ask the writer
-    if rewrite(meta, tensors, folder) != data:
+    if rewrite(meta, tensors, folder, corpus) != data:
         return False
     return not spec_violations(meta, tensors, corpus, payload)
 
@@ -375,7 +422,7 @@ def read_all(path: Path, corpus: Corpus, payload: str) -> MaskFileError | None:
                 if wf.has_votes():
                     wf.layer_votes(name)
         else:
-            mf = MaskFile(path, corpus.fingerprint, corpus.layers)
+            mf = MaskFile(path, corpus.fingerprint, corpus.layers, reference=corpus.reference)
             for info in corpus.layers:
                 mf.layer_mask(info.name)
                 if mf.has_votes():
@@ -542,7 +589,7 @@ def mutate_tensors(data, seed: Seed, kind: str) -> bytes:
 
 def mutate_semantics(data, seed: Seed, kind: str, corpus: Corpus) -> bytes:
     """Through fedlib's writer: the file is canonical, its claims are its bits' counts."""
-    meta, tensors = decode(seed.data)
+    meta, tensors = decode(seed.data, corpus)
     layers = json.loads(meta["layers"])
     i = data.draw(st.integers(0, len(layers) - 1))
     key = f"mask:{layers[i]['name']}"
@@ -587,7 +634,7 @@ def mutate_semantics(data, seed: Seed, kind: str, corpus: Corpus) -> bytes:
             "role": ["client", "global"], "fedlib_version": ["0.0.1", "9.9.9+local", ""],
             "x_method_options": ['{"lam": 0.2}', '{"lam": 0.01}', "{}", '{"outlier_m": 3.0, "lam": 0.1}', '{"steps": 1}'],
         }[field]))
-    out = rewrite(meta, tensors, corpus.root)
+    out = rewrite(meta, tensors, corpus.root, corpus)
     if out is not None:
         return out
     # the writer refuses this content: the header as fedlib encodes it, with the new claims
@@ -634,7 +681,8 @@ def aggregate_sample(corpus: Corpus, hostile: Path, payload: str, valid: bool, c
     else:
         server = FedSpaLLM(sparsity=0.7) if payload == "weights" else FedPrLLM(group="layer", sparsity=0.5)
         try:
-            server.aggregate(files, corpus.fingerprint, corpus.layers, out)
+            options = {"reference": corpus.reference} if payload == "mask" else {}
+            server.aggregate(files, corpus.fingerprint, corpus.layers, out, **options)
             verdict = "accepted"
         except MaskFileError as err:
             # an honest file is never blamed alone (two files with one id, or no majority: all are named)
@@ -656,7 +704,7 @@ def aggregate_sample(corpus: Corpus, hostile: Path, payload: str, valid: bool, c
 
 
 def test_fuzz_hostile_files(corpus):
-    stats = collections.Counter()
+    stats, by_seed = collections.Counter(), collections.Counter()
     accepted_from = collections.defaultdict(collections.Counter)
     work = corpus.root / "cases"
     work.mkdir()
@@ -684,9 +732,10 @@ def test_fuzz_hostile_files(corpus):
             f"{kind} on {seed.name}: the reader {'refused' if error else 'accepted'} a file the oracle calls "
             f"{'valid' if valid else 'invalid'} ({error})")
         stats[kind, "accepted" if error is None else "refused"] += 1
+        by_seed[seed.name, "accepted" if error is None else "refused"] += 1
         if error is None:
             accepted_from[kind]["unchanged" if blob == seed.data else seed.name] += 1
-        if seed.name in ("wanda", "upload") and index % 8 == 0:  # one in 8 through a server; 1 in 64 the CLI
+        if seed.name in ("wanda", "wanda-v2", "upload") and index % 8 == 0:  # one in 8 through a server; 1 in 64 the CLI
             stats["aggregation", aggregate_sample(corpus, path, seed.payload, valid, cli=index % 64 == 0)] += 1
         shutil.rmtree(folder)
 
@@ -699,3 +748,5 @@ def test_fuzz_hostile_files(corpus):
     assert total >= 1000
     # the classes really reach both verdicts where a valid mutation exists
     assert stats["bits", "accepted"] and stats["claims", "accepted"] and stats["flip-data", "accepted"]
+    # and every seed, version 2's coded file among them, gives both valid and hostile files
+    assert all(by_seed[name, "accepted"] and by_seed[name, "refused"] for name in corpus.seeds), by_seed

@@ -268,6 +268,38 @@ def peers(data: dict) -> str:
     return "\n".join(lines)
 
 
+def mask_compression(data: dict) -> str:
+    """Mask file size, format version 1 vs 2 (benchmarks/bench_mask_compression.py)."""
+    cal, records = data["calibration"], data["records"]
+    commits = sorted({r["commit"] for r in records})
+    lines = [
+        f"{data['model']}, one client's masks ({cal['samples']} × {cal['seqlen']} {cal['dataset']} calibration "
+        f"tokens, row groups) of the first *blocks* of its {data['model_blocks']} blocks, written and read back "
+        f"through fedlib (lossless: decoded == the client's masks). Bits per weight = the whole file's bits "
+        f"(header included) over those blocks' prunable weights; reference: {data['reference']}. Encode / decode: "
+        f"the mask file's, with the reference's buckets computed once beforehand (*reference*: that cost). "
+        f"Commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}; {_machine(data)}.",
+        "",
+        "| method | sparsity | blocks (weights) | version 1 | version 2 | v2 / v1 | ideal for v2's model "
+        "| XOR with the magnitude mask + lzma | v2 encode | v2 decode | reference |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = {(r["method"], r["sparsity"], r["blocks"], r["format_version"]): r for r in records}
+    for method, sparsity, blocks, _ in [k for k in rows if k[3] == 2]:
+        one, two = rows[(method, sparsity, blocks, 1)], rows[(method, sparsity, blocks, 2)]
+        xor = f"{two['xor_lzma_bits_per_weight']:.3f}" if "xor_lzma_bits_per_weight" in two else "–"
+        ref = f"{two['reference_seconds']:.0f} s" if "reference_seconds" in two else "(in encode / decode)"
+        lines.append(
+            f"| {method} | {sparsity:.0%} | {blocks} ({two['weights']:,}) | {one['bits_per_weight']:.3f} "
+            f"| **{two['bits_per_weight']:.3f}** | {two['bits_per_weight'] / one['bits_per_weight']:.1%} "
+            f"| {two['ideal_context_bits_per_weight']:.3f} | {xor} | {two['encode_seconds']:.0f} s "
+            f"| {two['decode_seconds']:.0f} s | {ref} |")
+    goal = [r for r in records if (r["method"], r["sparsity"], r["format_version"]) == ("wanda", 0.5, 2)]
+    met = bool(goal) and all(r["bits_per_weight"] <= 0.35 for r in goal)
+    lines += ["", f"Goal ({data['goal']}): {'met' if met else 'NOT met'}."]
+    return "\n".join(lines)
+
+
 def _load(path: Path):
     if path.suffix == ".json":
         return json.loads(path.read_text())
@@ -283,6 +315,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "secagg": (REPO / "benchmarks/results/secagg.json", secagg),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),
+    "mask-compression": (REPO / "benchmarks/results/mask_compression.json", mask_compression),
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
         ("table1", "reports/table1.csv"),
         ("table12-run", "reports/table12_run.csv"),

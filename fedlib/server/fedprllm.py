@@ -161,9 +161,11 @@ class FedPrLLM(Strategy):
         return VoteCount(self, info, n_clients, allocation)
 
     def open_clients(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo],
-                     cohort: Mapping[str, object] | None = None) -> tuple[list[MaskFile], dict]:
-        """The clients' files, header-checked, and what they agree on (:meth:`check_cohort`)."""
-        files = [MaskFile(p, fingerprint, layers, whole_model=self.mode == "one-shot") for p in paths]
+                     cohort: Mapping[str, object] | None = None, reference=None) -> tuple[list[MaskFile], dict]:
+        """The clients' files, header-checked, and what they agree on (:meth:`check_cohort`);
+        ``reference`` decodes version 2 files (:class:`fedlib.maskcode.MagnitudeReference`)."""
+        files = [MaskFile(p, fingerprint, layers, whole_model=self.mode == "one-shot", reference=reference)
+                 for p in paths]
         return files, self.check_cohort(files, cohort)
 
     def global_method(self, client_method: str) -> str:
@@ -208,16 +210,17 @@ class FedPrLLM(Strategy):
 
     def aggregate(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo], out: Path,
                   *, round_index: int | None = None, previous: Path | None = None,
-                  cohort: Mapping[str, object] | None = None) -> dict:
+                  cohort: Mapping[str, object] | None = None, reference=None) -> dict:
         """One round from client files. One-shot: the clients' files cover every layer.
         Iterative round ``l``: they cover block ``l``; the output is ``previous`` (blocks < l)
-        plus block ``l``, so the last round's file is the whole global mask. The summary's
+        plus block ``l``, so the last round's file is the whole global mask. ``reference``:
+        the public model's, for clients that send version 2 files. The summary's
         ``clients`` is the outlier report (:func:`fedlib.server.robust.client_report`; None when a
         hook randomizes what clients report: the server never sees their true bits)."""
         if isinstance(self.sparsity, Mapping):
             raise ValueError("fedprllm: file aggregation takes one server sparsity (a float)")
         settled, current = self.round_layers(layers, round_index)
-        files, agreed = self.open_clients(paths, fingerprint, current, cohort)
+        files, agreed = self.open_clients(paths, fingerprint, current, cohort, reference)
         earlier = self.open_previous(previous, fingerprint, settled, files, agreed, round_index)
         allocation = agreed["allocation"]
         hook = self.hook or VoteHook()
