@@ -477,8 +477,7 @@ def cmd_cost(args) -> None:
 
         if not (args.model and args.clients and args.global_file and args.record):
             raise ValueError("fedlib cost transfer: give --model, --clients, --global and --record")
-        strategies = cost.fedprllm_transfer(Path(args.model), [Path(p) for p in args.clients], Path(args.global_file),
-)
+        strategies = cost.fedprllm_transfer(Path(args.model), [Path(p) for p in args.clients], Path(args.global_file))
         if args.fedspallm:
             strategies.append(cost.fedspallm_transfer(Path(args.fedspallm)))
         context["model_fingerprint"] = open_model(args.model, weights=False).fingerprint()

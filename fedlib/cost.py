@@ -382,3 +382,56 @@ def write_time_table(spec: Mapping, md: Path, csv_path: Path, html: Path | None 
     columns, rows = time_rows(spec)
     write_table(md, csv_path, "Table 15 analogue: client time, server time and peak memory per strategy",
                 _context_lines(spec["context"]) + TIME_NOTES, columns, rows, html)
+
+
+# --------------------------------------------------------------------------- the workflow's files
+
+
+def transfer_inputs(catalog) -> dict:
+    """The default setting's one-shot client files and the global file of the first server group
+    (``fedlib.catalog.Catalog``; the workflow's cost rules)."""
+    from fedlib.catalog.variants import Variant
+
+    calib, split, prune = catalog.setting()
+    group = catalog.config["server"]["groups"][0]
+    label = Variant.fedprllm("oneshot", group, False).label
+    return {"clients": catalog.client_masks(calib, split, prune),
+            "glob": catalog.variant_source(calib, split, prune, label)[0]}
+
+
+def fedspallm_record(catalog) -> str:
+    """The FedSpaLLM record of the setting with the default experiment's number of clients."""
+    from fedlib.catalog.variants import Split
+
+    calib, split, prune = catalog.fedspallm_setting(Split.parse(catalog.setting()[1]).clients)
+    return f"{catalog.results}/fedspallm/{calib}/{split}/{prune}/rounds.json"
+
+
+def time_spec(catalog, bench: str) -> dict:
+    """The cost_time table's spec: the default setting's jobs' benchmark files under ``bench``
+    (Centralized, Local-only = the client jobs, FedPrLLM one-shot per server group, and the
+    simulated iterative runs when server.strategies has them)."""
+    from fedlib.catalog.variants import Split, group_path
+
+    calib, split, prune = catalog.setting()
+    where = f"{calib}/{split}/{prune}"
+    clients = [f"{bench}/client_mask/{where}/{i}.tsv" for i in range(Split.parse(split).clients)]
+    rows = [{"cells": ["Centralized", "-", "-"], "client": [f"{bench}/centralized_mask/{calib}/{prune}.tsv"]},
+            {"cells": ["Local-only", "-", "-"], "client": clients}]
+    server = catalog.config["server"]
+    strategies = server.get("strategies", ["oneshot"])
+    for group in server["groups"]:
+        rows.append({"cells": ["FedPrLLM", group.capitalize(), "One-shot"], "client": clients,
+                     "server": [f"{bench}/aggregate/{where}/oneshot_{group_path(group)}.tsv"]})
+    if "iterative" in strategies:
+        for scaled in server["scaling"]:
+            run = "iterative-scaled" if scaled else "iterative"
+            for group in server["groups"]:
+                rows.append({"cells": ["FedPrLLM", group.capitalize(), "Iterative" + (" (scaled)" if scaled else "")],
+                             "server": [f"{bench}/iterative/{where}/{run}_{group_path(group)}.tsv"]})
+    return {"context": catalog.report_context(calib, split, prune),
+            "columns": ["Method", "Server group", "Pruning strategy"], "rows": rows}
+
+
+def time_inputs(spec: Mapping) -> list[str]:
+    return sorted({p for row in spec["rows"] for key in ("client", "server") for p in row.get(key, [])})
