@@ -467,30 +467,26 @@ def cmd_cost(args) -> None:
 
     outputs = (Path(args.out_md), Path(args.out_csv), Path(args.out_html) if args.out_html else None)
     context = json.loads(args.context) if args.context else {}
+    if args.model:  # the context line names the model's fingerprint, as the other tables do
+        from fedlib.models import open_model
+
+        context["model_fingerprint"] = open_model(args.model, weights=False).fingerprint()
     if args.table == "time":
         if not args.spec:
             raise ValueError("fedlib cost time: give --spec (JSON: context, columns, rows of benchmark files)")
-        cost.write_time_table(json.loads(args.spec), *outputs)
-        return
-    if args.table == "transfer":
-        from fedlib.models import open_model
-
+        spec = json.loads(args.spec)
+        cost.write_time_table(dict(spec, context={**spec["context"], **context}), *outputs)
+    elif args.table == "transfer":
         if not (args.model and args.clients and args.global_file and args.record):
             raise ValueError("fedlib cost transfer: give --model, --clients, --global and --record")
         strategies = cost.fedprllm_transfer(Path(args.model), [Path(p) for p in args.clients], Path(args.global_file))
         if args.fedspallm:
             strategies.append(cost.fedspallm_transfer(Path(args.fedspallm)))
-        context["model_fingerprint"] = open_model(args.model, weights=False).fingerprint()
         cost.write_transfer_table(strategies, context, *outputs, record=Path(args.record))
     else:  # network: over the bytes a transfer run recorded
         if not args.record:
             raise ValueError("fedlib cost network: give --record (the JSON `fedlib cost transfer` wrote)")
-        record = json.loads(Path(args.record).read_text())
-        if args.model:
-            from fedlib.models import open_model
-
-            context["model_fingerprint"] = open_model(args.model, weights=False).fingerprint()
-        cost.write_network_table(record["strategies"], context, *outputs)
+        cost.write_network_table(json.loads(Path(args.record).read_text())["strategies"], context, *outputs)
     print(f"wrote {args.out_md}")
 
 
@@ -695,7 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
              "cost tables: transfer (bytes per client from real files), network (time under network profiles "
              "and stragglers, over those bytes), time (client/server seconds and peak memory from benchmark files)")
     p.add_argument("table", choices=["transfer", "network", "time"])
-    p.add_argument("--model", help="transfer, network: the model folder (layers, fingerprint)")
+    p.add_argument("--model", help="the model folder (transfer: its layers; all: its fingerprint in the header)")
     p.add_argument("--clients", nargs="+", help="transfer: the one-shot client mask files")
     p.add_argument("--global", dest="global_file", help="transfer: a one-shot global mask file (with votes)")
     p.add_argument("--fedspallm", help="transfer: also FedSpaLLM, from its rounds.json")

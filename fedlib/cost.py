@@ -120,7 +120,8 @@ def fedprllm_transfer(model: Path, clients: Sequence[Path], global_file: Path, w
 
 def fedspallm_transfer(record: Path) -> dict:
     """FedSpaLLM from its simulation record: payload bytes per round summed over clients
-    (weights + packed masks up, the global weights down), split evenly over the clients."""
+    (weights + packed masks up, the global weights down), split evenly over the clients. The
+    record does not count the final global model's download."""
     data = json.loads(Path(record).read_text())
     try:
         n = int(data["n_clients"])
@@ -132,7 +133,7 @@ def fedspallm_transfer(record: Path) -> dict:
         "strategy": "FedSpaLLM", "group": "-",
         "rounds": [{"up": [{next(iter(UPLOAD_SIZES)): round(u / n)}] * n, "down": [round(dn / n)] * n,
                     "up_parameters": None, "down_parameters": None} for u, dn in rounds],
-        "final_download": 0, "final_download_parameters": None,
+        "final_download": None, "final_download_parameters": None,  # not in the record
     }
 
 
@@ -170,7 +171,7 @@ def transfer_rows(strategies: Sequence[dict]) -> tuple[list[str], list[list[str]
         down = max(sum(values) for values in zip(*(r["down"] for r in rounds)))
         everything = sum(sum(_up(r)) + sum(r["down"]) for r in rounds)
         rows.append([s["strategy"], s["group"], str(len(rounds)), span, *totals, _count(up_params),
-                     f"{down:,}", _count(down_params), f"{s['final_download']:,}", f"{everything:,}"])
+                     f"{down:,}", _count(down_params), _count(s["final_download"]), f"{everything:,}"])
     return columns, rows
 
 
@@ -183,7 +184,8 @@ TRANSFER_NOTES = [
     "Mask entries are the paper's unit (one parameter per mask entry, Table 3): one-shot uploads d, iterative "
     "uploads d too, but its downloads grow with the round (round L receives blocks < L: O(L^2) in total, "
     "vote counts included), where the paper counts d (a stateful client receiving only its round's block).",
-    "Final global file: what a client downloads to build the pruned model at the end (not counted by the paper).",
+    "Final global file: what a client downloads to build the pruned model at the end (not counted by the paper; "
+    "'-' for FedSpaLLM, whose record does not count it).",
 ]
 
 
@@ -271,12 +273,17 @@ def round_seconds(up: Sequence[float], down: Sequence[float], profile: NetworkPr
 
 
 def strategy_seconds(strategy: dict, profile: NetworkProfile, stragglers: int = 0) -> float:
-    """Every round, then the final global file to every client."""
-    total = sum(round_seconds(_up(r), r["down"], profile, stragglers) for r in strategy["rounds"])
+    """Every round, one after another (what the paper's tables count)."""
+    return sum(round_seconds(_up(r), r["down"], profile, stragglers) for r in strategy["rounds"])
+
+
+def final_seconds(strategy: dict, profile: NetworkProfile, stragglers: int = 0) -> float | None:
+    """The final global file to every client (None when the strategy's record lacks its size)."""
+    if strategy["final_download"] is None:
+        return None
     n = len(strategy["rounds"][0]["up"])
-    final = [strategy["final_download"]] * n
-    return total + _phase(final, [profile.down_bps * (STRAGGLER_SPEED if i < stragglers else 1.0)
-                                  for i in range(n)], profile)
+    return _phase([strategy["final_download"]] * n,
+                  [profile.down_bps * (STRAGGLER_SPEED if i < stragglers else 1.0) for i in range(n)], profile)
 
 
 def _seconds(value: float) -> str:
@@ -285,8 +292,8 @@ def _seconds(value: float) -> str:
 
 def network_rows(strategies: Sequence[dict], profiles: Sequence[NetworkProfile] = PROFILES
                  ) -> tuple[list[str], list[list[str]]]:
-    columns = ["Network profile", "Client link", "Server link", "Strategy", "Rounds", "Time (s)",
-               "With stragglers (s)", "Straggler penalty (s)", "× one-shot"]
+    columns = ["Network profile", "Client link", "Server link", "Strategy", "Rounds", "Time in rounds (s)",
+               "With stragglers (s)", "Straggler penalty (s)", "× one-shot", "Final global file, with stragglers (s)"]
     rows = []
     for profile in profiles:
         first = None
@@ -295,9 +302,10 @@ def network_rows(strategies: Sequence[dict], profiles: Sequence[NetworkProfile] 
             plain = strategy_seconds(s, profile)
             slow = strategy_seconds(s, profile, straggler_count(n))
             first = plain if first is None else first
+            final = final_seconds(s, profile, straggler_count(n))
             rows.append([profile.name, profile.describe(), _bps(profile.server_bps), s["strategy"],
                          str(len(s["rounds"])), _seconds(plain), _seconds(slow), _seconds(slow - plain),
-                         f"{plain / first:.1f}"])
+                         f"{plain / first:.1f}", "-" if final is None else _seconds(final)])
     return columns, rows
 
 
@@ -307,8 +315,9 @@ def network_notes(strategies: Sequence[dict]) -> list[str]:
         "Communication time only (no client or server compute: see the cost_time table), modelled over the "
         "measured bytes of the Table 3 analogue: a transfer takes latency + bytes × 8 / bandwidth; in a round "
         "every client uploads in parallel on its own link while the server's link carries the sum of the uploads "
-        "(the phase ends with the slower of the two), then the same for the downloads; after the last round every "
-        "client downloads the final global file. Rounds run one after another.",
+        "(the phase ends with the slower of the two), then the same for the downloads. Rounds run one after another. "
+        "The last column: every client then downloads the final global file (not in the round times, as in the "
+        "paper; '-' where the record lacks its size).",
         f"Stragglers (FedPrLLM App. D.3): {straggler_count(n)} of {n} clients "
         f"({STRAGGLER_FRACTION:.0%}) at {STRAGGLER_SPEED:.0%} of the bandwidth, up and down; the penalty is "
         "paid in every round, so once by one-shot and once per block by iterative.",

@@ -65,7 +65,8 @@ rule cost_time_table:
     """Table 15 analogue: client time (mean, max), server time and peak memory per strategy, from
     the jobs' benchmark files (measurements: a named target, not in rule all)."""
     input:
-        time_inputs(COST_TIME_SPEC),
+        model=MODEL_READY,
+        bench=time_inputs(COST_TIME_SPEC),
     output:
         md=f"{REPORTS}/cost_time.md",
         csv=f"{REPORTS}/cost_time.csv",
@@ -78,9 +79,10 @@ rule cost_time_table:
     conda:
         "../../envs/fedlib.yaml"
     params:
+        model=model_folder,
         spec=json.dumps(COST_TIME_SPEC),
     shell:
-        "python -m fedlib cost time --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
+        "python -m fedlib cost time --model {params.model} --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
         "--out-html {output.html} > {log} 2>&1"
 
 
