@@ -242,8 +242,6 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
         ("table1", "reports/table1.csv"),
         ("table12-run", "reports/table12_run.csv"),
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
-        ("cost-transfer", "reports/cost_transfer.csv"),
-        ("cost-network", "reports/cost_network.csv"),
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
 }
