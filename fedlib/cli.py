@@ -466,16 +466,15 @@ def cmd_cost(args) -> None:
     from fedlib import cost
 
     outputs = (Path(args.out_md), Path(args.out_csv), Path(args.out_html) if args.out_html else None)
-    context = json.loads(args.context) if args.context else {}
+    context = json.loads(args.context)
     if args.model:  # the context line names the model's fingerprint, as the other tables do
         from fedlib.models import open_model
 
         context["model_fingerprint"] = open_model(args.model, weights=False).fingerprint()
     if args.table == "time":
         if not args.spec:
-            raise ValueError("fedlib cost time: give --spec (JSON: context, columns, rows of benchmark files)")
-        spec = json.loads(args.spec)
-        cost.write_time_table(dict(spec, context={**spec["context"], **context}), *outputs)
+            raise ValueError("fedlib cost time: give --spec (JSON: columns, rows of benchmark files)")
+        cost.write_time_table(json.loads(args.spec), context, *outputs)
     elif args.table == "transfer":
         if not (args.model and args.clients and args.global_file and args.record):
             raise ValueError("fedlib cost transfer: give --model, --clients, --global and --record")
@@ -696,8 +695,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--global", dest="global_file", help="transfer: a one-shot global mask file (with votes)")
     p.add_argument("--fedspallm", help="transfer: also FedSpaLLM, from its rounds.json")
     p.add_argument("--record", help="transfer: JSON of the measured bytes it writes; network: the one it reads")
-    p.add_argument("--spec", help="time: JSON with context, columns, rows (cells, client and server benchmark files)")
-    p.add_argument("--context", help="JSON: the tables' context (model, config, config_hash, seed, lines)")
+    p.add_argument("--spec", help="time: JSON with columns, rows (cells, client and server benchmark files)")
+    p.add_argument("--context", required=True,
+                   help="JSON: the tables' context (model, config, config_hash, seed, lines)")
     p.add_argument("--out-md", required=True)
     p.add_argument("--out-csv", required=True)
     p.add_argument("--out-html")

@@ -387,10 +387,10 @@ TIME_NOTES = [
 ]
 
 
-def write_time_table(spec: Mapping, md: Path, csv_path: Path, html: Path | None = None) -> None:
+def write_time_table(spec: Mapping, context: dict, md: Path, csv_path: Path, html: Path | None = None) -> None:
     columns, rows = time_rows(spec)
     write_table(md, csv_path, "Table 15 analogue: client time, server time and peak memory per strategy",
-                _context_lines(spec["context"]) + TIME_NOTES, columns, rows, html)
+                _context_lines(context) + TIME_NOTES, columns, rows, html)
 
 
 # --------------------------------------------------------------------------- the workflow's files
@@ -438,8 +438,7 @@ def time_spec(catalog, bench: str) -> dict:
             for group in server["groups"]:
                 rows.append({"cells": ["FedPrLLM", group.capitalize(), "Iterative" + (" (scaled)" if scaled else "")],
                              "server": [f"{bench}/iterative/{where}/{run}_{group_path(group)}.tsv"]})
-    return {"context": catalog.report_context(calib, split, prune),
-            "columns": ["Method", "Server group", "Pruning strategy"], "rows": rows}
+    return {"columns": ["Method", "Server group", "Pruning strategy"], "rows": rows}
 
 
 def time_inputs(spec: Mapping) -> list[str]:

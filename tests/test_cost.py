@@ -127,11 +127,11 @@ def _bench(path, seconds, rss):
 
 def test_time_table_from_benchmark_files(tmp_path):
     clients = [_bench(tmp_path / f"c{i}.tsv", s, r) for i, (s, r) in enumerate([(2.0, 300), (4.5, 350), (3.1, 320)])]
-    spec = {"context": CONTEXT, "columns": ["Method"],
+    spec = {"columns": ["Method"],
             "rows": [{"cells": ["FedPrLLM"], "client": clients, "server": [_bench(tmp_path / "a.tsv", 1.25, 400)]},
                      {"cells": ["Centralized"], "client": [_bench(tmp_path / "z.tsv", 7, 200)]}]}
     md, out = tmp_path / "t.md", tmp_path / "t.csv"
-    assert main(["cost", "time", "--spec", json.dumps(spec), "--out-md", str(md), "--out-csv", str(out)]) == 0
+    assert main(["cost", "time", "--spec", json.dumps(spec), "--context", json.dumps(CONTEXT), "--out-md", str(md), "--out-csv", str(out)]) == 0
     rows = list(csv.reader(open(out)))
     assert rows[1] == ["FedPrLLM", "3", "3.2", "4.5", "1.2", "400"]
     assert rows[2] == ["Centralized", "1", "7.0", "7.0", "-", "200"]

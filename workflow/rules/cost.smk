@@ -80,9 +80,11 @@ rule cost_time_table:
         "../../envs/fedlib.yaml"
     params:
         model=model_folder,
+        context=COST_CONTEXT,
         spec=json.dumps(COST_TIME_SPEC),
     shell:
-        "python -m fedlib cost time --model {params.model} --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
+        "python -m fedlib cost time --model {params.model} --spec {params.spec:q} --context {params.context:q} "
+        "--out-md {output.md} --out-csv {output.csv} "
         "--out-html {output.html} > {log} 2>&1"
 
 
