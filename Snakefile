@@ -23,6 +23,7 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/zeroshot.smk"
 include: "workflow/rules/studies.smk"
 include: "workflow/rules/privacy.smk"
+include: "workflow/rules/cost.smk"
 
 
 rule all:
@@ -33,3 +34,5 @@ rule all:
         f"{REPORTS}/table12_run.md",
         f"{REPORTS}/table12_run.csv",
         PRIVACY_RUN_REPORTS,  # reduced privacy audit (workflow/rules/privacy.smk)
+        f"{REPORTS}/cost_transfer.md",  # upload/download and network profiles (workflow/rules/cost.smk)
+        f"{REPORTS}/cost_network.md",

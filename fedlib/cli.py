@@ -469,6 +469,33 @@ def cmd_report(args) -> None:
                      Path(args.out_html) if args.out_html else None)
 
 
+def cmd_cost(args) -> None:
+    from fedlib import cost
+
+    outputs = (Path(args.out_md), Path(args.out_csv), Path(args.out_html) if args.out_html else None)
+    context = json.loads(args.context)
+    if args.model:  # the context line names the model's fingerprint, as the other tables do
+        from fedlib.models import open_model
+
+        context["model_fingerprint"] = open_model(args.model, weights=False).fingerprint()
+    if args.table == "time":
+        if not args.spec:
+            raise ValueError("fedlib cost time: give --spec (JSON: columns, rows of benchmark files)")
+        cost.write_time_table(json.loads(args.spec), context, *outputs)
+    elif args.table == "transfer":
+        if not (args.model and args.clients and args.global_file and args.record):
+            raise ValueError("fedlib cost transfer: give --model, --clients, --global and --record")
+        strategies = cost.fedprllm_transfer(Path(args.model), [Path(p) for p in args.clients], Path(args.global_file))
+        if args.fedspallm:
+            strategies.append(cost.fedspallm_transfer(Path(args.fedspallm)))
+        cost.write_transfer_table(strategies, context, *outputs, record=Path(args.record))
+    else:  # network: over the bytes a transfer run recorded
+        if not args.record:
+            raise ValueError("fedlib cost network: give --record (the JSON `fedlib cost transfer` wrote)")
+        cost.write_network_table(json.loads(Path(args.record).read_text())["strategies"], context, *outputs)
+    print(f"wrote {args.out_md}")
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -668,6 +695,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-md", required=True)
     p.add_argument("--out-csv", required=True)
     p.add_argument("--out-html", help="also a self-contained HTML page of the table")
+
+    p = verb("cost", cmd_cost,
+             "cost tables: transfer (bytes per client from real files), network (time under network profiles "
+             "and stragglers, over those bytes), time (client/server seconds and peak memory from benchmark files)")
+    p.add_argument("table", choices=["transfer", "network", "time"])
+    p.add_argument("--model", help="the model folder (transfer: its layers; all: its fingerprint in the header)")
+    p.add_argument("--clients", nargs="+", help="transfer: the one-shot client mask files")
+    p.add_argument("--global", dest="global_file", help="transfer: a one-shot global mask file (with votes)")
+    p.add_argument("--fedspallm", help="transfer: also FedSpaLLM, from its rounds.json")
+    p.add_argument("--record", help="transfer: JSON of the measured bytes it writes; network: the one it reads")
+    p.add_argument("--spec", help="time: JSON with columns, rows (cells, client and server benchmark files)")
+    p.add_argument("--context", required=True,
+                   help="JSON: the tables' context (model, config, config_hash, seed, lines)")
+    p.add_argument("--out-md", required=True)
+    p.add_argument("--out-csv", required=True)
+    p.add_argument("--out-html")
 
     from fedlib import plots
 

@@ -107,6 +107,9 @@ def test_real_run_then_reruns_only_what_changed(workdir):
                                              ["FedPrLLM", "Column"]]
     assert all(0 <= float(v) <= 100 for r in zeroshot[1:] for v in r[4:])
     assert "limit 2 per task" in (workdir / "reports" / "table12_run.md").read_text()
+    transfer = list(csv.reader((workdir / "reports" / "cost_transfer.csv").open()))
+    assert [r[:3] for r in transfer[1:]] == [["FedPrLLM one-shot", "layer", "1"], ["FedPrLLM iterative", "layer", "2"]]
+    assert (workdir / "reports" / "cost_network.csv").is_file()
     for rule in ("client_mask", "aggregate", "evaluate", "zeroshot", "report"):  # log: and benchmark: on every rule
         assert any((workdir / "results" / "logs" / rule).rglob("*.log")), rule
     for rule in ("client_mask", "aggregate", "evaluate", "zeroshot", "report"):
@@ -128,6 +131,7 @@ def test_real_run_then_reruns_only_what_changed(workdir):
     report = (workdir / "reports" / "report.html").read_text()
     assert "table1.html" in report and "table12_run.html" in report and '"Zero-shot"' in report
     assert "privacy_membership.html" in report and "privacy_defence.png" in report and '"Privacy"' in report
+    assert "cost_transfer.html" in report and "cost_network.html" in report and '"Cost"' in report
 
     # an evaluation setting changes: evaluation reruns, no mask is recomputed
     (workdir / "config_eval.yaml").write_text(yaml.safe_dump(load_test_config(evaluation={"windows": 3})))
@@ -185,6 +189,17 @@ def test_named_study_targets_plan(tmp_path):
     # table12: Dense, Centralized, 1 Local-only, 2 groups x 2 scalings; table13 (local group layer):
     # Centralized, 1 Local-only, FedPrLLM layer/row/column
     assert jobs["zeroshot_dense"] == 1 and jobs["zeroshot"] == (1 + 1 + 4) + (1 + 1 + 3)
+
+
+def test_cost_targets_plan(tmp_path):
+    """cost_time reads the benchmark files of the setting's jobs (it plans them); cost_fedspallm
+    runs FedSpaLLM on the default setting's clients for its row."""
+    copy_test_dir(tmp_path)
+    jobs = planned_jobs(snakemake(tmp_path, "cost_time", "cost_fedspallm", "--configfile", "config.yaml", "-n"))
+    assert jobs["cost_time_table"] == 1 and jobs["client_mask"] == 3 and jobs["centralized_mask"] == 1
+    assert jobs["aggregate"] == 2 and jobs["fedspallm"] == 1
+    assert jobs["cost_transfer_fedspallm"] == jobs["cost_network_fedspallm"] == 1
+    assert "cost_transfer" not in jobs and "evaluate_perplexity" not in jobs
 
 
 def test_workflow_passes_snakemake_lint(tmp_path):
