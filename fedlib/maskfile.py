@@ -561,15 +561,18 @@ def _check_method(header: MaskHeader) -> None:
         raise MaskFileError(path, "allocation", f"{method} allocates {METHODS[method].allocation}ly, "
                                                 f"the file claims {header.allocation!r}")
     if "dp" in header.extra:
-        from fedlib.privacy.dp import count_releases
+        from fedlib.privacy.dp import count_releases, gaussian_delta
 
         if header.method != "wanda" or json.loads(header.extra.get("method_options", "{}")):
             raise MaskFileError(path, "x_dp", f"DP masks are plain Wanda's, the file's method is {header.method!r} "
                                               f"with options {header.extra.get('method_options', '{}')}")
-        releases = count_releases(layer["name"] for layer in header.layers)
-        if json.loads(header.extra["dp"])["releases"] != releases:
+        dp, releases = json.loads(header.extra["dp"]), count_releases(layer["name"] for layer in header.layers)
+        if dp["releases"] != releases:
             raise MaskFileError(path, "x_dp", f"releases: the file's layers read {releases} distinct inputs, "
-                                              f"the guarantee claims {json.loads(header.extra['dp'])['releases']}")
+                                              f"the guarantee claims {dp['releases']}")
+        if gaussian_delta(dp["epsilon"], dp["sigma"], releases) > dp["delta"] * (1 + 1e-9):
+            raise MaskFileError(path, "x_dp", f"sigma {dp['sigma']} over {releases} releases is not "
+                                              f"({dp['epsilon']}, {dp['delta']})-DP (exact Gaussian composition)")
     if header.role == "client" and header.allocation == "nonuniform" and header.group not in GROUPS:
         raise MaskFileError(path, "group", f"a nonuniform allocation needs an unstructured group {GROUPS}, "
                                            f"got {header.group!r}")

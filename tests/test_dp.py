@@ -151,7 +151,7 @@ def test_reader_refuses_a_guarantee_out_of_range(tiny_model_dir, tmp_path):
 
     layers = open_model(str(tiny_model_dir)).layers()
     dp = json.loads(header.extra["dp"])
-    bad_values = [{**dp, "epsilon": -1.0}, {**dp, "delta": 1.0}, {**dp, "clip": 0.0}, {**dp, "sigma": 1},
+    bad_values = [{**dp, "epsilon": -1.0}, {**dp, "delta": 1.0}, {**dp, "clip": 0.0}, {**dp, "sigma": 1}, {**dp, "sigma": dp["sigma"] / 2},
                   {**dp, "accountant": "rdp"}, {**dp, "neighbours": "add-remove"}, {**dp, "releases": dp["releases"] + 1},
                   {k: v for k, v in dp.items() if k != "sigma"}]
     for i, value in enumerate(bad_values):
