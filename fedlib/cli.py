@@ -129,12 +129,13 @@ def cmd_client_mask(args) -> None:
     method, extra = args.method, {"method_options": json.dumps(options or {}), "dtype": args.dtype}
     target = dp_target_from_args(args)
     if target is not None and target.enabled:
-        from fedlib.privacy.dp import dp_method
+        from fedlib.privacy.dp import dp_method, fresh_noise_seed
 
         if args.round is not None or options:
             raise ValueError("--dp-epsilon: DP masks are one-shot Wanda without method options (no --round: "
                              "composition over rounds is not accounted)")
-        method, guarantee = dp_method(args.method, target, [info.name for info in layers], args.seed)
+        noise_seed = fresh_noise_seed() if args.dp_noise_seed is None else args.dp_noise_seed
+        method, guarantee = dp_method(args.method, target, [info.name for info in layers], noise_seed)
         extra["dp"] = guarantee.header()
         print(f"DP: {guarantee.header()}")
     with MaskWriter(
@@ -161,8 +162,8 @@ def dp_target_from_args(args):
     """``--dp-epsilon/--dp-delta/--dp-clip`` as a :class:`fedlib.privacy.dp.DPTarget`, or None
     without ``--dp-epsilon`` (``inf`` = the plain mechanism, recorded as no DP)."""
     if args.dp_epsilon is None:
-        if args.dp_delta is not None or args.dp_clip is not None:
-            raise ValueError("--dp-delta and --dp-clip need --dp-epsilon")
+        if args.dp_delta is not None or args.dp_clip is not None or args.dp_noise_seed is not None:
+            raise ValueError("--dp-delta, --dp-clip and --dp-noise-seed need --dp-epsilon")
         return None
     from fedlib.privacy.dp import DPTarget
 
@@ -179,6 +180,9 @@ def add_dp_arguments(p) -> None:
     p.add_argument("--dp-delta", type=float, help="the DP delta (with --dp-epsilon), e.g. 1e-5")
     p.add_argument("--dp-clip", type=float,
                    help="L2 bound on one sample's per-channel squared-norm vector (with --dp-epsilon)")
+    p.add_argument("--dp-noise-seed", type=int,
+                   help="the DP noise's seed: a secret, never written to the mask file (whoever knows it can "
+                        "remove the noise); default: fresh OS randomness. Give it only to reproduce a run")
 
 
 def _iterative_client_round(args, handle, ids, options, placement, writer) -> None:

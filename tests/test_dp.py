@@ -88,8 +88,8 @@ def test_clipping_bounds_one_sample_by_brute_force():
 
 def _dp_masks(model, ids, epsilon, seed=0, clip=1.0):
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n]
-    method, guarantee = dp_method("wanda", DPTarget(epsilon, 1e-5, clip), names, seed)
-    return prune_locally(model, ids, method, 0.5, "row", seed).masks, guarantee
+    method, guarantee = dp_method("wanda", DPTarget(epsilon, 1e-5, clip), names, noise_seed=seed)
+    return prune_locally(model, ids, method, 0.5, "row", 0).masks, guarantee
 
 
 def test_no_dp_path_is_plain_wanda_and_noise_is_seeded(model):
@@ -161,3 +161,22 @@ def test_reader_refuses_a_guarantee_out_of_range(tiny_model_dir, tmp_path):
                         seed=0, extra={**header.extra, "dp": json.dumps(value, separators=(",", ":"))})
         with pytest.raises(MaskFileError, match="x_dp"):
             read_header(path)
+
+
+def test_membership_attack_stays_below_the_proven_epsilon(model):
+    """The audit's check: the LiRA lower bound on a DP client's block-0 mask must not exceed the
+    epsilon the accountant proves. Without DP the same attack's bound exceeds that epsilon, so
+    the check can fail."""
+    from fedlib.privacy.stages.membership import membership_audit
+
+    pop = torch.randint(0, 128, (40, 8), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(targets=32, samples=2, pairs=4, blocks=1, seed=0)
+    epsilon = 0.5
+    plain = membership_audit(model, pop, **kwargs)
+    private = membership_audit(model, pop, **kwargs, dp=DPTarget(epsilon, 1e-5, 1.0))
+    assert private["dp"]["epsilon"] == epsilon and private["dp"]["releases"] == 4  # block 0's four inputs
+    assert plain["attack"]["epsilon_lr1"]["epsilon_lb"] > epsilon  # the check can fail
+    for bound in ("epsilon_lr1", "epsilon_split"):
+        assert private["attack"][bound]["epsilon_lb"] <= epsilon
+        assert private["attack"][bound]["delta"] == 1e-5
+    assert private["attack"]["auc"] < plain["attack"]["auc"]

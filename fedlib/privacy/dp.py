@@ -15,7 +15,9 @@ sqrt(2) * clip (not 2 * clip). Removing one sample moves S by at most ``clip``.
 
 Releases. Linears that read the same tensor (q/k/v_proj; gate/up_proj) share one noisy
 statistic: their noise is seeded by the block and the input they share
-(:func:`input_key`), and identical clean sums plus identical noise are one release. A LLaMA-style
+(:func:`input_key`), and identical clean sums plus identical noise are one release. The noise
+seed is the client's secret: an attacker who knew it would subtract the noise, so it is never
+written to the mask file (whose ``seed`` only breaks ties) and defaults to fresh OS randomness. A LLaMA-style
 block makes 4 releases (attention input, o_proj input, MLP input, down_proj input). The
 statistics of block b are computed through blocks < b pruned by this client's masks, which are
 post-processing of earlier releases; each sample's activations depend on that sample only, so
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -181,18 +184,18 @@ def clipped_sample_sum(inp: torch.Tensor, clip: float) -> torch.Tensor:
 
 class DPWandaPruner(WandaPruner):
     """Wanda on clipped, noised statistics (module docstring). A subclass per client
-    (:func:`dp_method`) carries the guarantee and the seed; the noise is seeded by that seed
-    and the layer's input (:func:`input_key`): same seed, same mask."""
+    (:func:`dp_method`) carries the guarantee and the secret noise seed; the noise is seeded by
+    it and the layer's input (:func:`input_key`): same noise seed, same mask."""
 
     guarantee: DPGuarantee
-    seed: int
+    noise_seed: int
 
     def add_batch(self, inp: torch.Tensor) -> None:
         self.sq_sum += clipped_sample_sum(inp, self.guarantee.clip)
         self.n_tokens += inp.shape[0] * inp.shape[1]
 
     def noisy_sum(self) -> torch.Tensor:
-        gen = seeded_generator(self.seed, "dp-noise", input_key(self.layer_name))
+        gen = seeded_generator(self.noise_seed, "dp-noise", input_key(self.layer_name))
         noise = torch.randn(self.sq_sum.shape, generator=gen, dtype=torch.float64) * self.guarantee.noise_std
         return (self.sq_sum + noise).clamp_min(0.0)
 
@@ -202,12 +205,18 @@ class DPWandaPruner(WandaPruner):
         return wanda_scores(self.layer.weight.detach().float().cpu(), self.noisy_sum())
 
 
+def fresh_noise_seed() -> int:
+    """A noise seed no one can guess (the default of a real client)."""
+    return secrets.randbits(63)
+
+
 def dp_method(method: str, target: DPTarget, layer_names: Iterable[str],
-              seed: int) -> tuple[type[WandaPruner], DPGuarantee]:
+              noise_seed: int) -> tuple[type[WandaPruner], DPGuarantee]:
     """The method class a DP client prunes ``layer_names`` with (for
-    :func:`fedlib.client.prune_locally`) and the guarantee its mask file records."""
+    :func:`fedlib.client.prune_locally`) and the guarantee its mask file records.
+    ``noise_seed``: the client's secret (:func:`fresh_noise_seed`)."""
     if method != WandaPruner.name:
         raise ValueError(f"DP masks are implemented for method 'wanda' (its mask is post-processing of "
                          f"per-channel statistics), not {method!r}")
     guarantee = target.guarantee(layer_names)
-    return type("DPWandaPruner", (DPWandaPruner,), {"guarantee": guarantee, "seed": int(seed)}), guarantee
+    return type("DPWandaPruner", (DPWandaPruner,), {"guarantee": guarantee, "noise_seed": int(noise_seed)}), guarantee
