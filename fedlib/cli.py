@@ -162,7 +162,7 @@ def dp_target_from_args(args):
     """``--dp-epsilon/--dp-delta/--dp-clip`` as a :class:`fedlib.privacy.dp.DPTarget`, or None
     without ``--dp-epsilon`` (``inf`` = the plain mechanism, recorded as no DP)."""
     if args.dp_epsilon is None:
-        if args.dp_delta is not None or args.dp_clip is not None or args.dp_noise_seed is not None:
+        if args.dp_delta is not None or args.dp_clip is not None or getattr(args, "dp_noise_seed", None) is not None:
             raise ValueError("--dp-delta, --dp-clip and --dp-noise-seed need --dp-epsilon")
         return None
     from fedlib.privacy.dp import DPTarget
@@ -172,7 +172,7 @@ def dp_target_from_args(args):
     return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip)
 
 
-def add_dp_arguments(p) -> None:
+def add_dp_arguments(p, noise_seed: bool = True) -> None:
     """The DP client mechanism's budget (:mod:`fedlib.privacy.dp`)."""
     p.add_argument("--dp-epsilon", type=float,
                    help="sample-level (replace-one) DP: clip per-sample Wanda statistics and add Gaussian noise "
@@ -180,9 +180,10 @@ def add_dp_arguments(p) -> None:
     p.add_argument("--dp-delta", type=float, help="the DP delta (with --dp-epsilon), e.g. 1e-5")
     p.add_argument("--dp-clip", type=float,
                    help="L2 bound on one sample's per-channel squared-norm vector (with --dp-epsilon)")
-    p.add_argument("--dp-noise-seed", type=int,
-                   help="the DP noise's seed: a secret, never written to the mask file (whoever knows it can "
-                        "remove the noise); default: fresh OS randomness. Give it only to reproduce a run")
+    if noise_seed:
+        p.add_argument("--dp-noise-seed", type=int,
+                       help="the DP noise's seed: a secret, never written to the mask file (whoever knows it can "
+                            "remove the noise); default: fresh OS randomness. Give it only to reproduce a run")
 
 
 def _iterative_client_round(args, handle, ids, options, placement, writer) -> None:
