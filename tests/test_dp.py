@@ -180,3 +180,44 @@ def test_membership_attack_stays_below_the_proven_epsilon(model):
         assert private["attack"][bound]["epsilon_lb"] <= epsilon
         assert private["attack"][bound]["delta"] == 1e-5
     assert private["attack"]["auc"] < plain["attack"]["auc"]
+
+
+def test_dp_report_checks_audited_against_proven(tiny_model_dir, tmp_path):
+    """``fedlib privacy dp-report``: per setting the proven ε from the client's mask file, the
+    audited bounds from ``fedlib privacy membership --dp-*``, and 'NO' when a bound exceeds the
+    proven ε (here: the audit's file altered to claim a larger bound)."""
+    import csv
+
+    from fedlib.cli import main
+    from fedlib.data import save_tokens
+
+    calib, pop = tmp_path / "calib.safetensors", tmp_path / "pop.safetensors"
+    save_tokens(calib, torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0)), dataset="test")
+    save_tokens(pop, torch.randint(0, 100, (24, 8), generator=torch.Generator().manual_seed(1)), dataset="test")
+    model = ["--model", str(tiny_model_dir)]
+    settings = {}
+    for eps in ("inf", "3"):
+        dp = ["--dp-epsilon", eps, "--dp-delta", "1e-5", "--dp-clip", "1"]
+        files = {k: tmp_path / f"{eps}.{k}" for k in ("client_mask", "eval", "membership")}
+        assert main(["client-mask", *model, "--calib", str(calib), *dp, "--out", str(files["client_mask"])]) == 0
+        assert main(["privacy", "membership", *model, "--population", str(pop), "--targets", "8", "--samples", "2",
+                     "--pairs", "4", "--blocks", "1", *dp, "--out", str(files["membership"])]) == 0
+        files["eval"].write_text(json.dumps({"model_fingerprint": "f" * 64, "applied": {}, "perplexity": {
+            "wikitext2": {"ppl": 10.0 + float(eps), "windows": 1, "total_windows": 1, "seqlen": 8}}}))
+        settings[eps] = {k: str(v) for k, v in files.items()}
+    spec = {"context": {"model": "tiny", "config": "test", "seed": 0}, "out_dir": str(tmp_path), "suffix": "",
+            "datasets": ["wikitext2"], "settings": settings}
+
+    def table():
+        assert main(["privacy", "dp-report", "--spec", json.dumps(spec)]) == 0
+        return {row["proven ε"]: row for row in csv.DictReader((tmp_path / "privacy_dp.csv").open())}
+
+    rows = table()
+    assert set(rows) == {"3", "∞ (no DP)"} and rows["3"]["audit ≤ proven"] == "yes"
+    audit = json.loads((tmp_path / "3.membership").read_text())
+    lb = audit["attack"]["epsilon_lr1"]["epsilon_lb"]
+    assert rows["3"]["audited ε LB (LR=1)"] == ("-" if lb is None else f"{lb:.2f}")
+    assert rows["3"]["WikiText-2 ppl"] == "13.00" and rows["∞ (no DP)"]["audit ≤ proven"] == "-"
+    audit["attack"]["epsilon_lr1"]["epsilon_lb"] = 3.5
+    (tmp_path / "3.membership").write_text(json.dumps(audit))
+    assert table()["3"]["audit ≤ proven"] == "NO"
