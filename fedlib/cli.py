@@ -127,18 +127,29 @@ def cmd_client_mask(args) -> None:
             raise ValueError(f"--round {args.round}: the model has blocks 0..{handle.n_blocks - 1}")
     elif args.global_masks or args.scale:
         raise ValueError("--global-masks and --scale belong to a round of iterative FedPrLLM (give --round)")
+    method, extra = args.method, {"method_options": json.dumps(options or {}), "dtype": args.dtype}
+    target = dp_target_from_args(args)
+    if target is not None and target.enabled:
+        from fedlib.privacy.dp import dp_method, fresh_noise_seed
+
+        if args.round is not None or options:
+            raise ValueError("--dp-epsilon: DP masks are one-shot Wanda without method options (no --round: "
+                             "composition over rounds is not accounted)")
+        noise_seed = fresh_noise_seed() if args.dp_noise_seed is None else args.dp_noise_seed
+        method, guarantee = dp_method(args.method, target, [info.name for info in layers], noise_seed)
+        extra["dp"] = guarantee.header()
+        print(f"DP: {guarantee.header()}")
     with MaskWriter(
         Path(args.out), layers, fingerprint=handle.fingerprint(), role="client", client_id=args.client_id,
         method=args.method, group=args.group, sparsity=args.sparsity,
         allocation=method_allocation(args.method), n_samples=0 if ids is None else ids.shape[0],
-        seed=args.seed, extra={"method_options": json.dumps(options or {}), "dtype": args.dtype},
-        format_version=args.format_version,
+        seed=args.seed, extra=extra, format_version=args.format_version,
         reference=MagnitudeReference.of_model(handle) if args.format_version == 2 else None,
     ) as writer:
         opened = time.perf_counter()
         if args.round is None:
             # masks go to the file block by block: a 7B client never holds all of them
-            prune_locally(handle, ids, args.method, args.sparsity, args.group, args.seed,
+            prune_locally(handle, ids, method, args.sparsity, args.group, args.seed,
                           batch_size=args.batch_size, method_options=options, placement=placement, keep=False,
                           on_block=lambda _i, decision: [writer.add(n, m) for n, m in decision.masks.items()])
         else:
@@ -147,6 +158,34 @@ def cmd_client_mask(args) -> None:
     blocks = handle.n_blocks if args.round is None else args.round + 1
     print(f"wrote {args.out} ({args.method}, {args.group}, {args.sparsity}) on {placement.label} "
           f"in {done - start:.1f}s ({(done - opened) / blocks:.2f}s per block)")
+
+
+def dp_target_from_args(args):
+    """``--dp-epsilon/--dp-delta/--dp-clip`` as a :class:`fedlib.privacy.dp.DPTarget`, or None
+    without ``--dp-epsilon`` (``inf`` = the plain mechanism, recorded as no DP)."""
+    if args.dp_epsilon is None:
+        if args.dp_delta is not None or args.dp_clip is not None or getattr(args, "dp_noise_seed", None) is not None:
+            raise ValueError("--dp-delta, --dp-clip and --dp-noise-seed need --dp-epsilon")
+        return None
+    from fedlib.privacy.dp import DPTarget
+
+    if args.dp_delta is None or args.dp_clip is None:
+        raise ValueError("--dp-epsilon needs --dp-delta and --dp-clip")
+    return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip)
+
+
+def add_dp_arguments(p, noise_seed: bool = True) -> None:
+    """The DP client mechanism's budget (:mod:`fedlib.privacy.dp`)."""
+    p.add_argument("--dp-epsilon", type=float,
+                   help="sample-level (replace-one) DP: clip per-sample Wanda statistics and add Gaussian noise "
+                        "calibrated to this epsilon over all blocks (PLD accountant); inf = no DP. Wanda only")
+    p.add_argument("--dp-delta", type=float, help="the DP delta (with --dp-epsilon), e.g. 1e-5")
+    p.add_argument("--dp-clip", type=float,
+                   help="L2 bound on one sample's per-channel squared-norm vector (with --dp-epsilon)")
+    if noise_seed:
+        p.add_argument("--dp-noise-seed", type=int,
+                       help="the DP noise's seed: a secret, never written to the mask file (whoever knows it can "
+                            "remove the noise); default: fresh OS randomness. Give it only to reproduce a run")
 
 
 def _iterative_client_round(args, handle, ids, options, placement, writer) -> None:
@@ -553,6 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "magnitudes (0.34 bits per weight at 50%% Wanda on SmolLM2-135M, vs 1.003)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
+    add_dp_arguments(p)
     add_placement_arguments(p)
     p.add_argument("--out", required=True)
 

@@ -390,6 +390,9 @@ def _check_privacy(cfg: dict, problems: _Problems) -> None:
                 problems.add(_privacy_key(cfg, size, "sensitivity", "neighbours"), neighbours,
                              f"at most {others}, the calibration samples of clients 1..{n - 1}")
     for size, by_analysis in privacy.sizes.items():
+        eps = by_analysis["dp"]["epsilons"]
+        if not all(math.isfinite(e) for e in eps) or len(set(eps)) != len(eps):
+            problems.add(_privacy_key(cfg, size, "dp", "epsilons"), eps, "distinct finite ε (the table adds ∞, no DP)")
         m = by_analysis["membership"]
         samples = privacy.membership_samples(size)
         population = f"{_privacy_key(cfg, size, 'membership', 'population')} = {m['population']}"

@@ -448,6 +448,33 @@ def _layers(text: str) -> list[dict]:
     return layers
 
 
+def _dp_guarantee(value):
+    """A DP client's ``x_dp`` (:class:`fedlib.privacy.dp.DPGuarantee`): exactly its fields in
+    order, each of its type and range (``releases`` is checked against the layers later)."""
+    from fedlib.privacy.dp import ACCOUNTANT, GUARANTEE_FIELDS, NEIGHBOURS
+
+    if not isinstance(value, dict) or tuple(value) != GUARANTEE_FIELDS:
+        keys = list(value) if isinstance(value, dict) else value
+        raise ValueError(f"expected a JSON object with exactly the keys {list(GUARANTEE_FIELDS)} in that order, "
+                         f"got {_show(keys)}")
+    checks = {
+        "epsilon": lambda v: type(v) is float and 0 < v,
+        "delta": lambda v: type(v) is float and 0 < v < 1,
+        "clip": lambda v: type(v) is float and 0 < v,
+        "sigma": lambda v: type(v) is float and 0 < v,
+        "accountant": lambda v: v == ACCOUNTANT,
+        "neighbours": lambda v: v == NEIGHBOURS,
+        "releases": lambda v: type(v) is int and 1 <= v <= MAX_DIMENSION,
+    }
+    expected = {"epsilon": "a positive finite float", "delta": "a float in (0, 1)", "clip": "a positive finite float",
+                "sigma": "a positive finite float", "accountant": repr(ACCOUNTANT), "neighbours": repr(NEIGHBOURS),
+                "releases": f"an integer in 1..{MAX_DIMENSION}"}
+    for key, check in checks.items():
+        if not check(value[key]):
+            raise ValueError(f"{key}: expected {expected[key]}, got {_show(value[key])}")
+    return value
+
+
 #: the metadata every mask file carries (module docstring)
 METADATA_FIELDS = ("format", "format_version", "model_fingerprint", "role", "client_id", "method", "group",
                    "sparsity", "allocation", "n_samples", "seed", "n_clients", "fedlib_version", "layers")
@@ -459,13 +486,14 @@ _PARSE = {
 }
 #: the ``x_`` metadata each kind of file carries, by (role, payload): (always, optional), and how
 #: each value is checked. Client masks: ``fedlib client-mask`` records the method's options and the
-#: compute dtype (other writers, e.g. the simulations' tests, record neither). Global masks: the
+#: compute dtype (other writers, e.g. the simulations' tests, record neither), a DP client its
+#: guarantee (:mod:`fedlib.privacy.dp`). Global masks: the
 #: randomized-response defence records its epsilon and what its votes are; the robust server
 #: (:mod:`fedlib.server.robust`) its rule and the clients whose votes it did not count. Weight files
 #: (:mod:`fedlib.weightfile`): payload, weight dtype and round; a global one also the blocks no
 #: upload covered and (``fedlib aggregate``) the expansion rounding.
 EXTRAS = {
-    ("client", "mask"): ((), ("method_options", "dtype")),
+    ("client", "mask"): ((), ("method_options", "dtype", "dp")),
     ("global", "mask"): ((), ("rr_epsilon_per_bit", "votes", "robust", "excluded_clients")),
     ("client", PAYLOAD): (("payload", "weight_dtype", "round"), ()),
     ("global", PAYLOAD): (("payload", "weight_dtype", "round", "uncovered_blocks"), ("rounding",)),
@@ -484,6 +512,7 @@ _PARSE_EXTRA = {
     "round": _count,
     "uncovered_blocks": lambda t: _canonical_json(t, _block_list),
     "rounding": _rounding,
+    "dp": lambda t: _canonical_json(t, _dp_guarantee, separators=(",", ":")),
 }
 
 
@@ -623,6 +652,19 @@ def _check_method(header: MaskHeader) -> None:
     if method is not None and header.payload == "mask" and header.allocation != METHODS[method].allocation:
         raise MaskFileError(path, "allocation", f"{method} allocates {METHODS[method].allocation}ly, "
                                                 f"the file claims {header.allocation!r}")
+    if "dp" in header.extra:
+        from fedlib.privacy.dp import count_releases, gaussian_delta
+
+        if header.method != "wanda" or json.loads(header.extra.get("method_options", "{}")):
+            raise MaskFileError(path, "x_dp", f"DP masks are plain Wanda's, the file's method is {header.method!r} "
+                                              f"with options {header.extra.get('method_options', '{}')}")
+        dp, releases = json.loads(header.extra["dp"]), count_releases(layer["name"] for layer in header.layers)
+        if dp["releases"] != releases:
+            raise MaskFileError(path, "x_dp", f"releases: the file's layers read {releases} distinct inputs, "
+                                              f"the guarantee claims {dp['releases']}")
+        if gaussian_delta(dp["epsilon"], dp["sigma"], releases) > dp["delta"] * (1 + 1e-9):
+            raise MaskFileError(path, "x_dp", f"sigma {dp['sigma']} over {releases} releases is not "
+                                              f"({dp['epsilon']}, {dp['delta']})-DP (exact Gaussian composition)")
     if header.role == "client" and header.allocation == "nonuniform" and header.group not in GROUPS:
         raise MaskFileError(path, "group", f"a nonuniform allocation needs an unstructured group {GROUPS}, "
                                            f"got {header.group!r}")

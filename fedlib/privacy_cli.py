@@ -113,6 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", type=int, default=4, help="shadow (in, out) pairs per target: half direction, half fit")
     p.add_argument("--epsilons", type=_epsilon, nargs="*", default=[],
                    help="also attack masks under randomized response with these per-bit ε")
+    from fedlib.cli import add_dp_arguments
+
+    add_dp_arguments(p, noise_seed=False)  # every mask its own noise seed, drawn from --seed
     p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001])
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--out", required=True)
@@ -167,6 +170,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("report", help="write the privacy report tables (Markdown + CSV) and plots from results")
     p.add_argument("--spec", required=True, help="JSON: context, output names and result files per analysis")
+
+    p = sub.add_parser("dp-report", help="the DP client mechanism's table: proven vs audited ε, and perplexity")
+    p.add_argument("--spec", required=True, help="JSON: context, output names, per ε the client mask, eval and "
+                                                 "membership files (fedlib.privacy.audit_report.dp_table)")
 
 
 # --------------------------------------------------------------------------- handlers
@@ -270,6 +277,7 @@ def _base_masks(model, args, ids) -> dict:
 
 
 def _cmd_membership(args) -> None:
+    from fedlib.cli import dp_target_from_args
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.membership import membership_audit
 
@@ -278,7 +286,7 @@ def _cmd_membership(args) -> None:
     result = membership_audit(model, pop, args.targets, args.samples, args.pairs, args.blocks, args.method,
                               args.sparsity, args.group, args.seed, args.epsilons, args.fprs,
                               args.confidence, batch_size=args.batch_size, method_options=args.method_options,
-                              placement=placement)
+                              placement=placement, dp=dp_target_from_args(args))
     result["population_file"] = str(args.population)
     _write_json(args.out, result)
 
@@ -333,6 +341,13 @@ def _cmd_rr_aggregate(args) -> None:
          f"{record['global_hamming_vs_clean']:.4%} of the weights")
 
 
+def _cmd_dp_report(args) -> None:
+    from fedlib.privacy.audit_report import dp_table
+
+    for path in dp_table(json.loads(args.spec)):
+        print(f"wrote {path}")
+
+
 def _cmd_report(args) -> None:
     from fedlib.privacy.audit_report import write_reports
 
@@ -344,6 +359,7 @@ COMMANDS = {
     "entropy": _cmd_entropy, "similarity": _cmd_similarity, "sensitivity": _cmd_sensitivity,
     "membership": _cmd_membership, "secagg": _cmd_secagg, "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
     "report": _cmd_report,
+    "dp-report": _cmd_dp_report,
 }
 
 

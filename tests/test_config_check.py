@@ -409,3 +409,10 @@ def test_every_problem_in_one_message():
                                         ("pruning.sparsity", 1.0), ("zeroshot.tasks", ["rte", "copa"])])
 def test_schema_refuses_what_it_can_express(key, value):
     schema_refuses(key, value)
+
+
+def test_privacy_dp_epsilons_are_distinct_and_finite():
+    check(config_with(("privacy.dp", {"epsilons": [2, 8], "delta": 1e-5, "clip": 1.0, "clients": 2})))
+    assert_refused(config_with(("privacy.dp.epsilons", [8, 8])), "privacy.dp.epsilons", [8, 8], "distinct finite ε")
+    with pytest.raises(WorkflowError):
+        check(config_with(("privacy.dp.delta", 1.5)))

@@ -65,7 +65,7 @@ NUMPY = {"U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64":
 SCHEDULES = ("fedprllm", "fedprllm-iterative", "fedspallm")
 #: (role, payload) -> (x_ keys always present, x_ keys that may be)
 EXTRAS = {
-    ("client", "mask"): (set(), {"method_options", "dtype"}),
+    ("client", "mask"): (set(), {"method_options", "dtype", "dp"}),
     ("global", "mask"): (set(), {"rr_epsilon_per_bit", "votes"}),
     ("client", "weights"): ({"payload", "weight_dtype", "round"}, set()),
     ("global", "weights"): ({"payload", "weight_dtype", "round", "uncovered_blocks"}, {"rounding"}),
@@ -118,6 +118,9 @@ def corpus(tmp_path_factory) -> Corpus:
     coded = root / "wanda_v2.mask.safetensors"
     run("client-mask", *model, "--calib", calib[0], "--client-id", 0, "--group", "row", "--format-version", 2,
         "--out", coded)
+    wanda_dp = root / "wanda_dp.mask.safetensors"
+    run("client-mask", *model, "--calib", calib[0], "--client-id", "dp-0", "--dp-epsilon", 2, "--dp-delta", 1e-5,
+        "--dp-clip", 1, "--out", wanda_dp)
     owl = root / "owl.mask.safetensors"
     run("client-mask", *model, "--calib", calib[0], "--client-id", "owl-0", "--method", "owl", "--group", "layer",
         "--method-options", '{"lam": 0.1, "outlier_m": 1.5}', "--out", owl)
@@ -131,7 +134,7 @@ def corpus(tmp_path_factory) -> Corpus:
     run("aggregate", *model, "--strategy", "fedspallm", "--sparsity", 0.7, "--round", 0, "--out", fedspallm, *uploads)
     handle = open_model(str(model_dir), weights=False)
     seeds = [Seed("wanda", wanda[0].read_bytes(), "mask"), Seed("wanda-v2", coded.read_bytes(), "mask"),
-             Seed("owl", owl.read_bytes(), "mask"),
+             Seed("owl", owl.read_bytes(), "mask"), Seed("wanda-dp", wanda_dp.read_bytes(), "mask"),
              Seed("upload", uploads[0].read_bytes(), "weights"), Seed("fedprllm-global", fedprllm.read_bytes(), "mask"),
              Seed("fedspallm-global", fedspallm.read_bytes(), "weights")]
     stored = load_file(model_dir / "model.safetensors")
@@ -262,6 +265,32 @@ def _epsilon_ok(text) -> bool:
         return False
 
 
+DP_KEYS = ["epsilon", "delta", "clip", "sigma", "accountant", "neighbours", "releases"]
+
+
+def _dp_ok(text, meta, layers) -> bool:
+    """A DP client's guarantee (README): compact JSON with exactly these keys in order, floats in
+    range, PLD on replace-one neighbours, one release per distinct linear input (q/k/v share
+    one, gate/up share one), a sigma that gives (epsilon, delta) by the exact Gaussian
+    composition, on plain Wanda."""
+    from scipy.stats import norm
+
+    value = json.loads(text)
+    if not isinstance(value, dict) or list(value) != DP_KEYS or json.dumps(value, separators=(",", ":")) != text:
+        return False
+    eps, delta, clip, sigma, releases = (value[k] for k in ("epsilon", "delta", "clip", "sigma", "releases"))
+    if not (all(type(v) is float for v in (eps, delta, clip, sigma)) and type(releases) is int
+            and eps > 0 and 0 < delta < 1 and clip > 0 and sigma > 0 and value["accountant"] == "pld"
+            and value["neighbours"] == "replace-one"):
+        return False
+    shared = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
+    inputs = {(e["name"].split(".")[2], shared.get(e["name"].rsplit(".", 1)[1], e["name"])) for e in layers}
+    mu = math.sqrt(releases) / sigma
+    exact_delta = norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * norm.cdf(-mu / 2 - eps / mu)
+    return (releases == len(inputs) and exact_delta <= delta * (1 + 1e-9) and meta["method"] == "wanda"
+            and json.loads(meta.get("x_method_options", "{}")) == {})
+
+
 def _group_size(group: str, shape) -> tuple[int, int]:
     """(number of groups, group size) of a row/column/layer group."""
     rows, cols = shape
@@ -328,7 +357,8 @@ def spec_violations(meta: dict, tensors: dict, corpus: Corpus, payload_expected:
               "round": lambda v: int(v) >= 0,  # the writer writes str(int(x))
               "uncovered_blocks": lambda v: (_canonical_json(v, list) is not None and all(
                   type(b) is int and b >= 0 for b in json.loads(v)) and json.loads(v) == sorted(set(json.loads(v)))),
-              "rounding": lambda v: v in ("ceil", "floor")}.get(key, ok)
+              "rounding": lambda v: v in ("ceil", "floor"),
+              "dp": lambda v: _dp_ok(v, meta, layers)}.get(key, ok)
         try:
             ok = check(value)
         except ValueError:
@@ -498,12 +528,30 @@ def mutate_metadata(data, seed: Seed, kind: str) -> bytes:
         del meta[data.draw(st.sampled_from(sorted(meta)))]
     elif kind == "meta-add":
         key = data.draw(st.sampled_from(["x_method_options", "x_dtype", "x_payload", "x_round", "x_votes", "x_seed",
-                                         "x_rr_epsilon_per_bit", "x_uncovered_blocks", "x_rounding", "x_weight_dtype",
+                                         "x_rr_epsilon_per_bit", "x_uncovered_blocks", "x_rounding", "x_weight_dtype", "x_dp",
                                          "x_synthetic", "x_", "note", "Format"]))
         meta[key] = data.draw(hostile_text())
     return with_body(seed, header)
 
 
+#: DP guarantees a client may claim (its bits unchanged): honest, too little noise, out of range, malformed
+DP_CLAIMS = [
+    '{"epsilon":2.0,"delta":1e-05,"clip":1.0,"sigma":6.0,"accountant":"pld","neighbours":"replace-one","releases":8}',
+    '{"epsilon":8.0,"delta":1e-05,"clip":3.0,"sigma":2.0,"accountant":"pld","neighbours":"replace-one","releases":8}',
+    '{"epsilon":8.0,"delta":1e-05,"clip":3.0,"sigma":1.0,"accountant":"pld","neighbours":"replace-one","releases":8}',
+    '{"epsilon":0.5,"delta":1e-05,"clip":1.0,"sigma":6.0,"accountant":"pld","neighbours":"replace-one","releases":8}',
+    '{"epsilon":2.0,"delta":1e-05,"clip":1.0,"sigma":6.0,"accountant":"pld","neighbours":"replace-one","releases":14}',
+    '{"epsilon":2.0,"delta":1.0,"clip":1.0,"sigma":6.0,"accountant":"pld","neighbours":"replace-one","releases":8}',
+    '{"epsilon":2.0,"delta":1e-05,"clip":-1.0,"sigma":6.0,"accountant":"pld","neighbours":"replace-one","releases":8}',
+    '{"epsilon":2,"delta":1e-05,"clip":1.0,"sigma":6.0,"accountant":"pld","neighbours":"replace-one","releases":8}',
+    '{"epsilon":2.0,"delta":1e-05,"clip":1.0,"sigma":6.0,"accountant":"rdp","neighbours":"replace-one","releases":8}',
+    '{"epsilon":2.0,"delta":1e-05,"clip":1.0,"sigma":6.0,"accountant":"pld","neighbours":"add-remove","releases":8}',
+    '{"delta":1e-05,"epsilon":2.0,"clip":1.0,"sigma":6.0,"accountant":"pld","neighbours":"replace-one","releases":8}',
+    '{"epsilon": 2.0, "delta": 1e-05, "clip": 1.0, "sigma": 6.0, "accountant": "pld", "neighbours": "replace-one", '
+    '"releases": 8}',
+    '{"epsilon":2.0,"delta":1e-05,"clip":1.0,"sigma":6.0,"accountant":"pld","neighbours":"replace-one"}',
+    '{"epsilon":1e400,"delta":1e-05,"clip":1.0,"sigma":6.0,"accountant":"pld","neighbours":"replace-one","releases":8}',
+]
 JSON_LITERALS = ["-1e400", "1e400", "32.0", "true", "false", "-32", "0", "4294967296", "1" * 30, "null", '"32"', "[]",
                  "[32]", "[32,32,1]", "[-1,-1]", "[32,0]", "[0,32]", "[true,32]", "[32.0,32]", "[1e400,32]", "-0",
                  "[2147483649,2]", "{}", "NaN", "-Infinity"]
@@ -623,7 +671,8 @@ def mutate_semantics(data, seed: Seed, kind: str, corpus: Corpus) -> bytes:
             tensors[f"weight:{layers[i]['name']}"] = torch.where(bits, torch.zeros_like(weight), weight + (weight == 0))
     else:  # claims: header fields through the writer, bits as they are
         field = data.draw(st.sampled_from(["method", "sparsity", "group", "allocation", "client_id", "n_samples",
-                                           "seed", "n_clients", "role", "fedlib_version", "x_method_options"]))
+                                           "seed", "n_clients", "role", "fedlib_version", "x_method_options",
+                                           "x_dp"]))
         meta[field] = data.draw(st.sampled_from({
             "method": ["wanda", "owl", "magnitude", "besa", "sparsegpt_update", "fedprllm[wanda]", "random", "nope"],
             "sparsity": ["0.5", "0.7", "0.3", "0.52", "0.0"],
@@ -633,6 +682,7 @@ def mutate_semantics(data, seed: Seed, kind: str, corpus: Corpus) -> bytes:
             "n_samples": ["0", "5", "-1"], "seed": ["0", "3", "-2"], "n_clients": ["1", "2", "0", "3"],
             "role": ["client", "global"], "fedlib_version": ["0.0.1", "9.9.9+local", ""],
             "x_method_options": ['{"lam": 0.2}', '{"lam": 0.01}', "{}", '{"outlier_m": 3.0, "lam": 0.1}', '{"steps": 1}'],
+            "x_dp": DP_CLAIMS,
         }[field]))
     out = rewrite(meta, tensors, corpus.root, corpus)
     if out is not None:

@@ -18,6 +18,7 @@ DEFAULTS = {
     "inversion": {"tokens": [16], "texts": 1, "steps": 300, "prior": False, "prior_samples": 32,
                   "tiny": [1, 2, 3]},
     "defence": {"epsilons": [1, 4], "group": "layer", "datasets": ["wikitext2"]},
+    "dp": {"epsilons": [8, 64, 512], "delta": 1e-5, "clip": 1.0, "clients": 4},
 }
 ANALYSES = ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence")
 SIZES = ("run", "full")
@@ -152,6 +153,46 @@ class PrivacyCatalog:
             "clean_eval": self.catalog.eval_json(self.calib, self.split, self.prune, clean),
             "dense_eval": self.catalog.eval_json(self.calib, self.split, self.prune, "dense"),
         }
+
+    def dp_clients(self, size: str) -> int:
+        """How many of the setting's clients the DP table's federation has (the first ones)."""
+        return min(self.of(size, "dp")["clients"], self._split.clients)
+
+    def dp_client_mask(self, size: str, eps, client: int) -> str:
+        """A client's DP mask file; ε = ∞ is its plain mask (the same bytes, already computed)."""
+        if float(eps) == float("inf"):
+            return self.client_masks()[client]
+        return f"{self.base}/{size}/dp/{eps_name(eps)}/client_{client}.mask.safetensors"
+
+    def dp_noise_seed(self, eps, client: int) -> int:
+        """The audit's reproducible stand-in for a client's secret noise seed (a real client
+        draws fresh randomness: ``fedlib client-mask`` without --dp-noise-seed)."""
+        return 1_000_003 * int(self.catalog.config["seed"]) + client
+
+    def dp_args(self, size: str, eps) -> str:
+        d = self.of(size, "dp")
+        return f"--dp-epsilon {eps_name(eps)} --dp-delta {d['delta']!r} --dp-clip {float(d['clip'])!r}"
+
+    def dp_settings(self, size: str) -> list[str]:
+        """The DP table's ε, as in file names: the configured ones and ∞ (no DP)."""
+        return [eps_name(e) for e in self.of(size, "dp")["epsilons"]] + ["inf"]
+
+    def dp_spec(self, size: str) -> dict:
+        d, suffix = self.of(size, "dp"), "" if size == "run" else "_full"
+        setting = f"{self.base}/{size}/dp"
+        return {
+            "context": self.catalog.report_context(self.calib, self.split, self.prune),
+            "out_dir": self.catalog.reports, "suffix": suffix, "datasets": self.of(size, "defence")["datasets"],
+            "clients": self.dp_clients(size), "samples_per_client": max(1, self._calib.nsamples // self._split.clients),
+            "seqlen": self._calib.seqlen, "delta": d["delta"],
+            "settings": {eps: {"client_mask": self.dp_client_mask(size, eps, 0),
+                               "eval": f"{setting}/{eps}/eval.json", "membership": f"{setting}/{eps}/membership.json"}
+                         for eps in self.dp_settings(size)},
+        }
+
+    def dp_outputs(self, size: str) -> list[str]:
+        suffix = "" if size == "run" else "_full"
+        return [f"{self.catalog.reports}/privacy_dp{suffix}.{ext}" for ext in ("md", "csv", "html")]
 
     def outputs(self, size: str) -> tuple[list[str], list[str]]:
         """(tables, pages and plots shown in the HTML report) the report of ``size`` writes."""

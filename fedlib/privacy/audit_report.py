@@ -654,3 +654,59 @@ def write_reports(spec: dict) -> list[Path]:
     if spec.get("secagg"):
         written += secagg_table(_load(spec["secagg"]), spec, out_dir, suffix)
     return written
+
+
+# --------------------------------------------------------------------------- DP client mechanism
+
+
+def dp_table(spec: dict) -> list[Path]:
+    """``privacy_dp<suffix>.{md,csv,html}``: per privacy setting of the DP client mechanism
+    (:mod:`fedlib.privacy.dp`) the proven ε (the clients' mask files), the ε lower bound the
+    membership attack audits on DP masks of the same mechanism, whether it stays below the
+    proven one, and the perplexity of the FedPrLLM global model of the DP clients. ``spec``:
+    {"context", "out_dir", "suffix", "datasets", "settings": {ε: {"client_mask", "eval",
+    "membership"}}} (ε "inf": the same clients without DP)."""
+    from fedlib.maskfile import read_header
+
+    rows, first_eval, first_mia = [], None, None
+    for eps in sorted(spec["settings"], key=_eps_key, reverse=True):
+        files = spec["settings"][eps]
+        header = read_header(Path(files["client_mask"]))
+        ev, mia = _load(files["eval"]), _load(files["membership"])
+        first_eval, first_mia = first_eval or ev, first_mia or mia
+        dp = json.loads(header.extra["dp"]) if "dp" in header.extra else None
+        attack = mia["attack"]
+        audited = [attack["epsilon_lr1"].get("epsilon_lb"), attack["epsilon_split"].get("epsilon_lb")]
+        known = [a for a in audited if a is not None]
+        proven = dp["epsilon"] if dp else math.inf
+        if dp and mia.get("dp", {}).get("epsilon") != dp["epsilon"]:
+            raise ValueError(f"{files['membership']}: audits ε={mia.get('dp', {}).get('epsilon')}, the mask files "
+                             f"prove ε={dp['epsilon']}")
+        rows.append([
+            f"{proven:g}" if dp else "∞ (no DP)", f"{dp['delta']:g}" if dp else "-", f"{dp['clip']:g}" if dp else "-",
+            f"{dp['sigma']:.4g}" if dp else "0", str(dp["releases"]) if dp else "-",
+            num(audited[0], 2), num(audited[1], 2), f"{attack['auc']:.3f}",
+            ("yes" if max(known, default=0.0) <= proven else "NO") if dp else "-",
+        ] + [fmt_ppl(ev["perplexity"][ds]["ppl"]) for ds in spec["datasets"]])
+    win = first_eval["perplexity"][spec["datasets"][0]]
+    n_clients = first_eval["applied"].get("n_clients") if isinstance(first_eval.get("applied"), dict) else None
+    header_lines = provenance(spec["context"], first_eval.get("model_fingerprint")) + [
+        "Mechanism (fedlib.privacy.dp): every client clips each calibration sample's per-channel squared-norm "
+        "vector to L2 norm `clip`, sums, adds Gaussian noise (std σ·√2·clip) to every distinct linear input's "
+        "statistic in every block, then prunes with Wanda as usual. Sample-level DP, replace-one neighbours; "
+        "σ calibrated to (ε, δ) over all releases by dp-accounting's PLD accountant.",
+        f"Utility: FedPrLLM global mask (layer comparison, top-k of the votes) of {spec.get('clients', n_clients)} "
+        f"DP clients × {spec.get('samples_per_client', '?')} samples × {spec.get('seqlen', '?')} tokens; "
+        f"perplexity on {win['windows']} of {win['total_windows']} windows × {win['seqlen']} tokens.",
+        f"Audit: the LiRA membership attack of privacy_membership on the DP client's masks of "
+        f"{_block_scope(first_mia['blocks'])} ({first_mia['targets']} targets, {first_mia['samples']} samples × "
+        f"{first_mia['seqlen']} tokens, {first_mia.get('pairs', '?')} shadow pairs each), each mask with its own "
+        "noise; its ε lower bounds at the mechanism's δ (LR = 1 threshold; split threshold) must not exceed the "
+        "proven ε (column 'audit ≤ proven'). The proven ε there is the accountant's over those blocks' releases.",
+    ]
+    columns = ["proven ε", "δ", "clip", "σ (noise multiplier)", "releases", "audited ε LB (LR=1)",
+               "audited ε LB (split)", "MIA AUC", "audit ≤ proven"] + \
+        [f"{DATASET_TITLES.get(ds, ds)} ppl" for ds in spec["datasets"]]
+    return _write_tables(Path(spec["out_dir"]), "dp", spec.get("suffix", ""),
+                         "DP client masks (sample-level, Gaussian, PLD-accounted) — proven vs audited ε, and utility",
+                         header_lines, columns, rows)

@@ -256,3 +256,158 @@ rule privacy_full:
     """The full privacy audit (sizes in privacy.full)."""
     input:
         priv_outputs("full"),
+
+
+rule privacy_dp_client:
+    """A DP client's mask (sample-level Gaussian mechanism on Wanda's statistics, fedlib.privacy.dp)."""
+    input:
+        model=MODEL_READY,
+        calib=lambda wc: PRIVACY.shard(int(wc.client)),
+    output:
+        f"{PRIV_BASE}/{{size}}/dp/{{eps}}/client_{{client}}.mask.safetensors",
+    log:
+        f"{LOGS}/privacy/{{size}}/dp/{{eps}}/client_{{client}}.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/dp/{{eps}}/client_{{client}}.tsv"
+    wildcard_constraints:
+        eps=r"[0-9.]+",
+        client=r"\d+",
+        size="run|full",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["calib"]),
+        gpu=MODEL_JOB_GPUS,
+    params:
+        model=model_folder,
+        pruning=PRIVACY.pruning_args(),
+        dp=lambda wc: PRIVACY.dp_args(wc.size, wc.eps),
+        noise_seed=lambda wc: PRIVACY.dp_noise_seed(wc.eps, int(wc.client)),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
+    shell:
+        "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        "--client-id {wildcards.client} {params.dp} --dp-noise-seed {params.noise_seed} --batch-size {params.batch_size} "
+        "{params.placement} --threads {threads} --out {output} > {log} 2>&1"
+
+
+rule privacy_dp_aggregate:
+    """FedPrLLM (layer comparison) over the first privacy.dp.clients clients' DP masks at one ε."""
+    input:
+        model=MODEL_READY,
+        masks=lambda wc: [PRIVACY.dp_client_mask(wc.size, wc.eps, i) for i in range(PRIVACY.dp_clients(wc.size))],
+    output:
+        mask=f"{PRIV_BASE}/{{size}}/dp/{{eps}}/global.mask.safetensors",
+        report=f"{PRIV_BASE}/{{size}}/dp/{{eps}}/global.mask.clients.json",
+    log:
+        f"{LOGS}/privacy/{{size}}/dp/{{eps}}/aggregate.log",
+    wildcard_constraints:
+        eps=r"[0-9.]+|inf",
+        size="run|full",
+    conda:
+        "../../envs/fedlib.yaml"
+    resources:
+        mem_mb=job_mem_mb("layers"),
+    params:
+        model=model_folder,
+        sparsity=lambda wc: PRIVACY.sparsity,
+        seed=config["seed"],
+    shell:
+        "python -m fedlib aggregate --model {params.model} --strategy fedprllm --group layer --sparsity {params.sparsity} "
+        "--seed {params.seed} --out {output.mask} --report {output.report} {input.masks} > {log} 2>&1"
+
+
+rule privacy_dp_eval:
+    """Perplexity of the DP clients' FedPrLLM global model."""
+    input:
+        model=MODEL_READY,
+        mask=f"{PRIV_BASE}/{{size}}/dp/{{eps}}/global.mask.safetensors",
+        windows=lambda wc: PRIVACY.defence_windows(wc.size),
+    output:
+        f"{PRIV_BASE}/{{size}}/dp/{{eps}}/eval.json",
+    log:
+        f"{LOGS}/privacy/{{size}}/dp/{{eps}}/eval.log",
+    wildcard_constraints:
+        eps=r"[0-9.]+|inf",
+        size="run|full",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["windows"], batch_size=EVAL.get("batch_size", 1), logits=True),
+        gpu=MODEL_JOB_GPUS,
+    params:
+        model=model_folder,
+        batch_size=EVAL.get("batch_size", 1),
+        placement=PLACEMENT_ARGS,
+    shell:
+        "python -m fedlib evaluate --model {params.model} --mask {input.mask} --windows {input.windows} "
+        "--label dp{wildcards.eps} --batch-size {params.batch_size} {params.placement} --threads {threads} "
+        "--out {output} > {log} 2>&1"
+
+
+rule privacy_dp_membership:
+    """LiRA membership attack on DP masks (each with its own noise) at one ε: the audited ε lower bound."""
+    input:
+        model=MODEL_READY,
+        population=lambda wc: PRIVACY.population(wc.size),
+    output:
+        f"{PRIV_BASE}/{{size}}/dp/{{eps}}/membership.json",
+    log:
+        f"{LOGS}/privacy/{{size}}/dp/{{eps}}/membership.log",
+    wildcard_constraints:
+        eps=r"[0-9.]+|inf",
+        size="run|full",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["population"]),
+        gpu=MODEL_JOB_GPUS,
+    params:
+        model=model_folder,
+        pruning=PRIVACY.pruning_args(),
+        targets=lambda wc: PRIVACY.of(wc.size, "membership")["targets"],
+        pairs=lambda wc: PRIVACY.of(wc.size, "membership")["pairs"],
+        blocks=lambda wc: PRIVACY.of(wc.size, "membership")["blocks"] or "all",
+        samples=lambda wc: PRIVACY.membership_samples(wc.size),
+        dp=lambda wc: PRIVACY.dp_args(wc.size, wc.eps),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
+    shell:
+        "python -m fedlib privacy membership --model {params.model} {params.pruning} --population {input.population} "
+        "--targets {params.targets} --samples {params.samples} --pairs {params.pairs} --blocks {params.blocks} "
+        "{params.dp} --batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
+
+
+for _size in ("run", "full"):
+
+    rule:
+        name:
+            f"privacy_dp_report_{_size}"
+        input:
+            [f for s in PRIVACY.dp_spec(_size)["settings"].values() for f in s.values()],
+        output:
+            PRIVACY.dp_outputs(_size),
+        log:
+            f"{LOGS}/report/privacy_dp_{_size}.log",
+        localrule: True
+        conda:
+            "../../envs/fedlib.yaml"
+        params:
+            spec=json.dumps(PRIVACY.dp_spec(_size)),
+        shell:
+            "python -m fedlib privacy dp-report --spec {params.spec:q} > {log} 2>&1"
+
+
+rule privacy_dp:
+    """DP client masks: proven vs audited ε and perplexity (reports/privacy_dp.*; not part of rule all)."""
+    input:
+        PRIVACY.dp_outputs("run"),
+
+
+rule privacy_dp_full:
+    """The DP table at the full audit's sizes (privacy.full)."""
+    input:
+        PRIVACY.dp_outputs("full"),

@@ -5,6 +5,7 @@ ROC AUC, TPR at low FPR and the empirical ε lower bound, also under randomized 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 
@@ -16,9 +17,10 @@ from fedlib.privacy.stages.recompute import client_masks
 
 
 def attack_summary(members, nonmembers, fprs=(0.01, 0.001), confidence: float = 0.95,
-                   seed: int = 0, n_boot: int = 1000) -> dict:
-    """AUC (+ bootstrap CI; the exact separated-AUC bound at AUC 1 or 0), ROC, TPR at each target FPR (+ Clopper-Pearson CI on the TPR,
-    with the resolution caveat) and the ε lower bounds of one attack's scores."""
+                   seed: int = 0, n_boot: int = 1000, delta: float = 0.0) -> dict:
+    """AUC (+ bootstrap CI; the exact separated-AUC bound at AUC 1 or 0), ROC, TPR at each target FPR
+    (+ Clopper-Pearson CI on the TPR, with the resolution caveat) and the ε lower bounds of one
+    attack's scores (for a mechanism with this ``delta``: an (ε, δ)-DP one is audited at its δ)."""
     from fedlib.privacy.membership import (
         audit_epsilon, auc_ci, clopper_pearson, roc_auc, roc_curve, tpr_at_fpr,
     )
@@ -38,9 +40,9 @@ def attack_summary(members, nonmembers, fprs=(0.01, 0.001), confidence: float = 
             "resolvable": r.resolvable, "min_nonzero_fpr": r.min_nonzero_fpr, "note": r.note,
         })
     # a priori threshold: likelihood ratio 1 (LiRA score 0) on all scores
-    out["epsilon_lr1"] = audit_epsilon(m, n, confidence, threshold=0.0)
+    out["epsilon_lr1"] = audit_epsilon(m, n, confidence, delta, threshold=0.0)
     try:  # threshold chosen on half of the scores, bound on the other half
-        out["epsilon_split"] = audit_epsilon(m, n, confidence, seed=seed)
+        out["epsilon_split"] = audit_epsilon(m, n, confidence, delta, seed=seed)
     except ValueError as err:
         out["epsilon_split"] = {"epsilon_lb": None, "note": str(err)}
     return out
@@ -64,6 +66,7 @@ def membership_audit(
     batch_size: int = 8,
     method_options: Mapping | None = None,
     placement=None,
+    dp=None,
 ) -> dict:
     """LiRA membership inference against a client's (block-restricted) mask.
 
@@ -88,6 +91,11 @@ def membership_audit(
     per-bit log-likelihood ratio (:func:`fedlib.privacy.defence.rr_bit_llr`) of the noised
     observation, with per-bit member/non-member pruning rates from all ``pairs`` shadow pairs;
     its observation noise is its own draw of the same mechanism.
+
+    ``dp`` (a :class:`fedlib.privacy.dp.DPTarget`): every mask, observed and shadow, is the DP
+    client's (:mod:`fedlib.privacy.dp`, accounted over the blocks observed), each with its own
+    noise seed (the client's secret: the attacker knows the mechanism, not the noise). The
+    result then carries the proven guarantee beside the audited lower bounds.
     """
     from fedlib.groups import seeded_generator
     from fedlib.models import fingerprint
@@ -104,13 +112,14 @@ def membership_audit(
     n_dir = pairs // 2
     n_fit = pairs - n_dir
     rng = np.random.default_rng([seed, 0x4D1A])
+    noise_seeds = np.random.default_rng([seed, 0xD9])  # apart from rng: the game's draws stay those without DP
     names: list[str] | None = None
     t0 = time.perf_counter()
 
     def mask_of(rows) -> torch.Tensor:
         nonlocal names
         masks = client_masks(model, population[list(rows)], method, sparsity, group, seed, blocks, batch_size,
-                             method_options, placement=placement)
+                             method_options, placement=placement, dp=dp, dp_noise_seed=int(noise_seeds.integers(2**62)))
         if names is None:
             names = list(masks)
         return flat_mask(masks, names)
@@ -194,7 +203,8 @@ def membership_audit(
         "observed_bits": int(n_bits), "method": method, "group": group, "sparsity": sparsity,
         "seed": seed, "confidence": confidence, "fprs": list(fprs),
         "scores_members": members.tolist(), "scores_nonmembers": nonmembers.tolist(),
-        "attack": attack_summary(members, nonmembers, fprs, confidence, seed),
+        "attack": attack_summary(members, nonmembers, fprs, confidence, seed,
+                                 delta=dp.delta if dp is not None and dp.enabled else 0.0),
         "signal_strength": {
             "target_hamming": th, "target_hamming_std": float(np.std(target_hamming)),
             "natural_hamming": natural_mean, "natural_pairs": len(natural_pairs),
@@ -205,6 +215,10 @@ def membership_audit(
     }
     if method_options:
         result["method_options"] = dict(method_options)
+    if dp is not None and dp.enabled:
+        from fedlib.privacy.dp import dp_method
+
+        result["dp"] = json.loads(dp_method(method, dp, names, 0)[1].header())
     for e, eps in enumerate(eps_list):
         m, n = scores(rr_obs[e], rr_fit_in[e], rr_fit_out[e])
         summary = attack_summary(m, n, fprs, confidence, seed)

@@ -19,15 +19,25 @@ def client_masks(
     batch_size: int = 8,
     method_options: Mapping | None = None,
     placement=None,
+    dp=None,
+    dp_noise_seed: int = 0,
 ) -> dict[str, torch.Tensor]:
     """The masks a client with calibration ``input_ids`` computes
     (:func:`fedlib.client.prune_locally`), restricted to decoder blocks ``0..blocks-1``
     (``None`` = all). The forward pass stops after the last requested block, so the masks
-    of the first blocks cost only the forward through those blocks."""
+    of the first blocks cost only the forward through those blocks. ``dp``: a
+    :class:`fedlib.privacy.dp.DPTarget`, the client's DP mechanism accounted over the blocks
+    computed, its noise drawn from ``dp_noise_seed``."""
     from fedlib.client import prune_locally
     from fedlib.runner import CPU
 
     if blocks is not None and blocks < 1:
         raise ValueError(f"blocks must be >= 1, got {blocks}")
+    if dp is not None and dp.enabled:
+        from fedlib.models import prunable_layers
+        from fedlib.privacy.dp import dp_method
+
+        names = [info.name for info in prunable_layers(model) if blocks is None or info.block < blocks]
+        method, _ = dp_method(method, dp, names, dp_noise_seed)
     return prune_locally(model, input_ids, method, sparsity, group, seed, batch_size, method_options,
                          placement=placement or CPU, blocks=blocks).masks
