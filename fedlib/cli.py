@@ -179,7 +179,7 @@ def _iterative_client_round(args, handle, ids, options, placement, writer) -> No
 
 
 #: server options that belong to one strategy only (None = not given); the rest are shared
-STRATEGY_OPTIONS = ("mode", "rounds", "resources", "sampler", "rounding")
+STRATEGY_OPTIONS = ("mode", "rounds", "resources", "sampler", "rounding", "robust")
 
 
 def strategy_from_args(args):
@@ -244,7 +244,19 @@ def cmd_aggregate(args) -> None:
     options["cohort"] = {name: value for name, value in cohort.items() if value is not None}
     summary = strategy.aggregate([Path(p) for p in args.masks], handle.fingerprint(), handle.layers(),
                                  Path(args.out), **options)
+    report = summary.pop("clients")
+    if report is not None:  # written only once the global file is
+        _write_json(aggregation_report_path(args), {"global": args.out, "strategy": strategy.name, **report})
+        summary["flagged"] = [c["client_id"] for c in report["clients"] if c["flagged"]]
     print(f"wrote {args.out}: {summary}")
+
+
+def aggregation_report_path(args) -> Path:
+    """``--report``, by default the global file's name with ``.clients.json`` for ``.safetensors``."""
+    if args.report:
+        return Path(args.report)
+    out = Path(args.out)
+    return out.with_name(out.name.removesuffix(".safetensors") + ".clients.json")
 
 
 def cmd_client_weights(args) -> None:
@@ -520,6 +532,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     add_strategy_arguments(p)
     p.add_argument("--rounding", choices=["ceil", "floor"], help="fedspallm: expansion target, Eq. 7 (ceil)")
+    p.add_argument("--robust", metavar="RULE",
+                   help="fedprllm one-shot: count only the votes of the clients this rule does not flag; rules "
+                        "(fedlib.server.robust): mad = distance to the leave-one-out majority mask above "
+                        "median + 3.5 * 1.4826 MAD. Default: every client's votes")
+    p.add_argument("--report", help="the outlier report (JSON: per client its distance to the consensus, "
+                                    "robust z-score, flagged, used); default: OUT with .clients.json "
+                                    "for .safetensors")
     p.add_argument("--previous", help="the global file of the earlier rounds (fedspallm: its weight file, for "
                                       "layers no upload covers; fedprllm iterative: the masks of blocks < round)")
     p.add_argument("--round", type=int,

@@ -324,6 +324,26 @@ def _block_list(value):
     return value
 
 
+def _client_list(value):
+    if (not isinstance(value, list) or any(not isinstance(c, str) or not 0 < len(c) <= 256 or not c.isprintable()
+                                           for c in value) or value != sorted(set(value))):
+        raise ValueError(f"expected an ascending JSON list of distinct client ids, got {_show(value)}")
+    return value
+
+
+def _robust_rule(text: str) -> str:
+    """``<rule>:k=<k>`` of :data:`fedlib.server.robust.RULES`, as the robust server writes it."""
+    from fedlib.server.robust import RULES
+
+    match = re.fullmatch(r"([a-z]+):k=(.+)", text)
+    if match is None or match.group(1) not in RULES:
+        raise ValueError(f"expected <rule>:k=<k> with a rule of {sorted(RULES)}, got {_show(text)}")
+    k = _float(match.group(2))
+    if not k > 0:
+        raise ValueError(f"expected k > 0, got {_show(text)}")
+    return text
+
+
 def _group(text: str) -> str:
     if text in GROUPS:
         return text
@@ -385,20 +405,25 @@ _PARSE = {
 #: the ``x_`` metadata each kind of file carries, by (role, payload): (always, optional), and how
 #: each value is checked. Client masks: ``fedlib client-mask`` records the method's options and the
 #: compute dtype (other writers, e.g. the simulations' tests, record neither). Global masks: the
-#: randomized-response defence records its epsilon and what its votes are. Weight files
+#: randomized-response defence records its epsilon and what its votes are; the robust server
+#: (:mod:`fedlib.server.robust`) its rule and the clients whose votes it did not count. Weight files
 #: (:mod:`fedlib.weightfile`): payload, weight dtype and round; a global one also the blocks no
 #: upload covered and (``fedlib aggregate``) the expansion rounding.
 EXTRAS = {
     ("client", "mask"): ((), ("method_options", "dtype")),
-    ("global", "mask"): ((), ("rr_epsilon_per_bit", "votes")),
+    ("global", "mask"): ((), ("rr_epsilon_per_bit", "votes", "robust", "excluded_clients")),
     ("client", PAYLOAD): (("payload", "weight_dtype", "round"), ()),
     ("global", PAYLOAD): (("payload", "weight_dtype", "round", "uncovered_blocks"), ("rounding",)),
 }
+#: optional fields a writer records together or not at all
+PAIRED_EXTRAS = (("robust", "excluded_clients"),)
 _PARSE_EXTRA = {
     "method_options": lambda t: _canonical_json(t, _json_object),
     "dtype": _one_of(*DTYPES),
     "rr_epsilon_per_bit": _epsilon,
     "votes": _text,
+    "robust": _robust_rule,
+    "excluded_clients": lambda t: _canonical_json(t, _client_list),
     "payload": _one_of(PAYLOAD),
     "weight_dtype": _one_of(*WEIGHT_DTYPES),
     "round": _count,
@@ -500,6 +525,10 @@ def _parse_metadata(path: Path, meta: dict) -> MaskHeader:
         except ValueError as err:
             raise MaskFileError(path, f"x_{key}", str(err)) from None
         extra[key] = meta[f"x_{key}"]
+    for together in PAIRED_EXTRAS:
+        if 0 < sum(key in extra for key in together) < len(together):
+            missing = next(key for key in together if key not in extra)
+            raise MaskFileError(path, f"x_{missing}", f"missing (written together with {sorted(set(together) & set(extra))})")
     header = MaskHeader(
         path=path, fingerprint=values["model_fingerprint"], role=role, client_id=values["client_id"],
         method=values["method"], group=values["group"], sparsity=values["sparsity"],

@@ -310,6 +310,11 @@ def test_file_aggregation_equals_simulation(model, tmp_path):
     out = tmp_path / "global.weights.safetensors"
     summary = strategy.aggregate(paths, fingerprint(model), prunable_layers(model), out, round_index=0, assigned=plan)
     assert summary["uncovered_blocks"] == [] and summary["n_clients"] == 3
+    # the outlier report (fedlib.server.robust) covers every client over the blocks it sent
+    report = summary["clients"]
+    sent = {str(c): sum(i.shape[0] * i.shape[1] for i in prunable_layers(model) if i.block in blocks)
+            for c, blocks in enumerate(plan)}
+    assert {c["client_id"]: c["weights_compared"] for c in report["clients"]} == sent and report["n_used"] == 3
     result = fedspallm_prune(model, clients, strategy)
     wf = WeightFile(out, fingerprint(model), prunable_layers(model))
     assert wf.header.role == "global" and wf.header.allocation == "nonuniform"  # ceil(0.7 d) > floor

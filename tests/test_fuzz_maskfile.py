@@ -644,7 +644,11 @@ def aggregate_sample(corpus: Corpus, hostile: Path, payload: str, valid: bool, c
         assert leftovers(folder) == [], f"a refused aggregation left {leftovers(folder)}"
     else:
         assert valid, "the server aggregated a file the protocol does not allow"
-        assert leftovers(folder) == ["global.safetensors"]
+        # the CLI writes the outlier report beside the global file (after it)
+        assert leftovers(folder) == (["global.clients.json"] if cli else []) + ["global.safetensors"]
+        if cli:
+            report = json.loads((folder / "global.clients.json").read_text())
+            assert [c["path"] for c in report["clients"]] == [str(p) for p in files]
         assert read_all(out, corpus, payload) is None  # the server's own output reads back
         assert is_valid(out.read_bytes(), corpus, payload, hostile.parent)
     shutil.rmtree(folder)

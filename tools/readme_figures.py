@@ -196,6 +196,35 @@ def privacy(*tables: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def byzantine(data: dict) -> str:
+    """Byzantine clients against the plain and the robust FedPrLLM server (benchmarks/bench_byzantine.py)."""
+    st, ev = data["settings"], data["settings"]["evaluation"]
+    byz = st["byzantine_clients"]
+    lines = [
+        f"{data['model']}, the default federation ({st['clients']}; {st['local']} client masks), server "
+        f"{st['server']}; n Byzantine clients replace the last n (n = 2: clients {' and '.join(byz['2'])}). "
+        f"Perplexity on {ev['windows']} {ev['dataset']} windows of {ev['seqlen']} tokens (honest federation "
+        f"{data['honest_perplexity']:.2f}); global bits that differ from the honest federation's; clients the "
+        f"`mad` rule flags. {_provenance(data)}",
+        "",
+        "| attack | Byzantine clients | plain server: ppl (× honest) | global bits changed | robust server "
+        "(`--robust mad`): ppl (× honest) | global bits changed | flagged Byzantine | flagged honest |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    rows = {(r["attack"], r["n_byzantine"], r["server"]): r for r in data["records"]}
+    for attack, n, _ in [k for k in rows if k[2] == "plain"]:
+        p, r = rows[(attack, n, "plain")], rows[(attack, n, "robust")]
+        r_flagged = r["flagged_byzantine"]
+        total = st["n_clients"]
+        lines.append(
+            f"| {attack} | {n} of {total} ({n / total:.1%}) | {p['perplexity']:.2f} ({p['ratio_to_honest']:.3f}×) "
+            f"| {p['mask_difference_from_honest']:.2%} | {r['perplexity']:.2f} ({r['ratio_to_honest']:.3f}×) "
+            f"| {r['mask_difference_from_honest']:.2%} | {f'{r_flagged} of {n}' if n else '–'} "
+            f"| {r['flagged_honest']} of {total - n} |")
+    lines += ["", f"Goal ({data['goal']}): {'met' if data['goal_met'] else 'NOT met'}."]
+    return "\n".join(lines)
+
+
 def _load(path: Path):
     if path.suffix == ".json":
         return json.loads(path.read_text())
@@ -208,6 +237,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "client-mask": (REPO / "benchmarks/results/client_mask.json", client_mask),
     "server": (REPO / "benchmarks/results/server.json", server),
     "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
+    "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
         ("table1", "reports/table1.csv"),
         ("table12-run", "reports/table12_run.csv"),

@@ -19,6 +19,7 @@ mask and counts to the output as it goes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ import torch
 from fedlib.groups import prune_lowest
 from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter
 from fedlib.models import LayerInfo
+from fedlib.server.robust import ConsensusDistance, client_report, screening_rule
 from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 
 #: schedule -> the ``method`` prefix of its global files
@@ -113,7 +115,9 @@ class FedPrLLM(Strategy):
     """``group``: server comparison group; ``sparsity``: the server's target (a float, or a
     per-layer mapping); clients whose method allocates per layer (``nonuniform`` mask files:
     OWL, BESA) are followed instead, each layer pruned at the mean of their fractions, unless
-    ``follow_client_plan`` is False. ``hook``: a defence on the votes (:class:`VoteHook`)."""
+    ``follow_client_plan`` is False. ``hook``: a defence on the votes (:class:`VoteHook`).
+    ``robust``: a rule of :data:`fedlib.server.robust.RULES` (``"mad"``); the file aggregation
+    then counts only the votes of the clients it does not flag (one-shot only)."""
 
     group: str = "layer"
     sparsity: float | Mapping[str, float] = 0.5
@@ -121,6 +125,7 @@ class FedPrLLM(Strategy):
     mode: str = "one-shot"
     follow_client_plan: bool = True
     hook: VoteHook | None = field(default=None, repr=False)
+    robust: str | None = None
 
     name = "fedprllm"
     send = "mask"
@@ -130,6 +135,13 @@ class FedPrLLM(Strategy):
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"FedPrLLM mode must be one of {MODES}, got {self.mode!r}")
+        if self.robust is not None:
+            screening_rule(self.robust)
+            if self.mode != "one-shot":
+                # each round would screen one block and could exclude other clients, while the
+                # global file has one n_clients for every block's weight scaling
+                raise ValueError("fedprllm: robust aggregation is one-shot only (each round of iterative "
+                                 "FedPrLLM would exclude its own clients)")
 
     def n_rounds(self, n_blocks: int) -> int:
         return 1 if self.mode == "one-shot" else n_blocks
@@ -199,7 +211,9 @@ class FedPrLLM(Strategy):
                   cohort: Mapping[str, object] | None = None) -> dict:
         """One round from client files. One-shot: the clients' files cover every layer.
         Iterative round ``l``: they cover block ``l``; the output is ``previous`` (blocks < l)
-        plus block ``l``, so the last round's file is the whole global mask."""
+        plus block ``l``, so the last round's file is the whole global mask. The summary's
+        ``clients`` is the outlier report (:func:`fedlib.server.robust.client_report`; None when a
+        hook randomizes what clients report: the server never sees their true bits)."""
         if isinstance(self.sparsity, Mapping):
             raise ValueError("fedprllm: file aggregation takes one server sparsity (a float)")
         settled, current = self.round_layers(layers, round_index)
@@ -207,20 +221,38 @@ class FedPrLLM(Strategy):
         earlier = self.open_previous(previous, fingerprint, settled, files, agreed, round_index)
         allocation = agreed["allocation"]
         hook = self.hook or VoteHook()
+        if self.robust and hook.randomizes_clients:
+            raise ValueError("fedprllm: robust screening needs the clients' own bits, a hook randomizes them")
+        rule = screening_rule(self.robust)
+        distance = None if hook.randomizes_clients else ConsensusDistance(files)
+        kept, extra, screening = files, hook.header_extra(), None
+        if self.robust:  # pass 1: every distance before any vote is counted
+            for info in current:
+                distance.add_layer(info.name)
+            screening = rule.screen(distance.distances())
+            kept = [f for f in files if not screening.flagged[f.header.client_id]]
+            excluded = sorted(f.header.client_id for f in files if screening.flagged[f.header.client_id])
+            extra = {**extra, "robust": f"{rule.name}:k={rule.k}", "excluded_clients": json.dumps(excluded)}
         with MaskWriter(
             out, settled + current, fingerprint=fingerprint, role="global", client_id="server",
             method=self.global_method(agreed["method"]), group=self.group, sparsity=self.sparsity,
-            allocation=allocation, n_samples=sum(f.header.n_samples for f in files), seed=self.seed,
-            n_clients=len(files), votes=True, extra=hook.header_extra() or None,
+            allocation=allocation, n_samples=sum(f.header.n_samples for f in kept), seed=self.seed,
+            n_clients=len(kept), votes=True, extra=extra or None,
         ) as writer:
             for info in settled:
                 mask = earlier.layer_mask(info.name)
                 writer.add(info.name, mask, earlier.layer_votes(info.name, mask))
             for info in current:  # one layer at a time, from the clients' files to the global file
-                layer = self.layer_aggregator(info, len(files), allocation)
-                for f in files:
+                layer = self.layer_aggregator(info, len(kept), allocation)
+                for f in kept:
                     layer.add(f.header.client_id, f.layer_mask(info.name))
                 result = layer.finish()
                 writer.add(info.name, result.mask, result.votes)
-        return {"n_clients": len(files), "group": self.group, "sparsity": self.sparsity, "allocation": allocation,
-                "mode": self.mode, "layers": len(current)}
+                if distance is not None and not self.robust:  # every client voted: the counts are theirs
+                    distance.add_layer(info.name, counts=layer.true)
+        report = None
+        if distance is not None:
+            screening = screening or rule.screen(distance.distances())
+            report = client_report(files, distance, screening, {f.header.client_id for f in kept}, bool(self.robust))
+        return {"n_clients": len(files), "n_used": len(kept), "group": self.group, "sparsity": self.sparsity,
+                "allocation": allocation, "mode": self.mode, "layers": len(current), "clients": report}

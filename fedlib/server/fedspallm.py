@@ -69,6 +69,7 @@ import torch
 from fedlib.groups import GROUPS, prune_lowest, seeded_generator, sparsity_for_count
 from fedlib.maskfile import MaskFileError
 from fedlib.models import LayerInfo
+from fedlib.server.robust import ConsensusDistance, client_report, screening_rule
 from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 from fedlib.weightfile import WEIGHT_DTYPES, open_weight_file, write_weight_file
 
@@ -346,6 +347,7 @@ class FedSpaLLM(Strategy):
             raise MaskFileError(prev.path, "role", f"expected 'global', got {prev.header.role!r}")
         prev_names = set(prev.layer_names) if prev is not None else set()
         masks, weights, votes, covered, clients_per_layer = {}, {}, {}, [], {}
+        distance = ConsensusDistance(files)  # the outlier report: over the layers each client sent
         for info in layers:
             senders = [f for f in files if f.has_layer(info.name)]
             if senders:
@@ -356,6 +358,7 @@ class FedSpaLLM(Strategy):
                 result = layer.finish()
                 weights[info.name], masks[info.name], votes[info.name] = result.weight, result.mask, result.votes
                 clients_per_layer[info.name] = len(senders)
+                distance.add_layer(info.name, senders, counts=result.votes)
             elif info.name in prev_names:
                 masks[info.name] = prev.layer_mask(info.name)
                 weights[info.name] = prev.layer_weight(info.name, masks[info.name])
@@ -376,6 +379,8 @@ class FedSpaLLM(Strategy):
             weight_dtype="float32", round_index=round_value, votes=votes,
             extra={"rounding": self.rounding, "uncovered_blocks": json.dumps(uncovered)},
         )
+        screening = screening_rule(None).screen(distance.distances())
         return {"n_clients": len(files), "group": self.group, "sparsity": self.sparsity,
                 "round": round_value, "layers": len(covered), "uncovered_blocks": uncovered,
-                "clients_per_layer_min": min(clients_per_layer.values(), default=0)}
+                "clients_per_layer_min": min(clients_per_layer.values(), default=0),
+                "clients": client_report(files, distance, screening, {f.header.client_id for f in files}, False)}

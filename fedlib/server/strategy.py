@@ -98,8 +98,10 @@ class Strategy:
     def aggregate(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo], out: Path,
                   **options) -> dict:
         """One round from client files: read the uploads in ``paths`` layer by layer and write the
-        global file ``out``. Returns a summary. Every strategy takes the option ``cohort``: the
-        values of :attr:`cohort_fields` the clients must have (:meth:`check_cohort`)."""
+        global file ``out``. Returns a summary; its ``clients`` is the outlier report
+        (:func:`fedlib.server.robust.client_report`), which ``fedlib aggregate`` writes beside ``out``.
+        Every strategy takes the option ``cohort``: the values of :attr:`cohort_fields` the clients
+        must have (:meth:`check_cohort`)."""
         raise NotImplementedError
 
     def _check_round(self, round_index: int, n_blocks: int) -> None:

@@ -1,11 +1,13 @@
 rule aggregate:
     """FedPrLLM server, one-shot: vote over all client masks, top-k per comparison group.
-    The output keeps the vote counts, so scaled and unscaled variants share it."""
+    The output keeps the vote counts, so scaled and unscaled variants share it; the outlier
+    report beside it gives each client's distance to the consensus (fedlib.server.robust)."""
     input:
         model=MODEL_READY,
         masks=client_masks,
     output:
-        f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.mask.safetensors",
+        mask=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.mask.safetensors",
+        report=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.mask.clients.json",
     log:
         f"{LOGS}/aggregate/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.log",
     benchmark:
@@ -22,7 +24,8 @@ rule aggregate:
         cohort=lambda wc: CATALOG.cohort_args(wc.prune),
     shell:
         "python -m fedlib aggregate --model {params.model} --strategy fedprllm --group {params.group} "
-        "--sparsity {params.sparsity} --seed {params.seed} {params.cohort} --out {output} {input.masks} > {log} 2>&1"
+        "--sparsity {params.sparsity} --seed {params.seed} {params.cohort} --out {output.mask} --report {output.report} "
+        "{input.masks} > {log} 2>&1"
 
 
 rule iterative:
