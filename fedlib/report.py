@@ -134,11 +134,16 @@ def _zeroshot_columns(example: dict) -> list[tuple[str, str]]:
     return [(t, TASK_TITLES.get(t, t)) for t in example["tasks"]] + [(MEAN_KEY, "Mean")]
 
 
+def _metric(result: dict, task: str) -> str:
+    """The metric shown for ``task``: per task (``metrics``); result files written before
+    acc_norm was shown name one ``metric`` for every task."""
+    return result["metrics"][task] if "metrics" in result else result.get("metric", "acc")
+
+
 def _zeroshot_value(result: dict, key: str) -> float:
-    metric = result.get("metric", "acc")
     if key == MEAN_KEY:
-        return 100 * statistics.mean(result["zeroshot"][t][metric] for t in result["tasks"])
-    return 100 * result["zeroshot"][key][metric]
+        return 100 * statistics.mean(result["zeroshot"][t][_metric(result, t)] for t in result["tasks"])
+    return 100 * result["zeroshot"][key][_metric(result, key)]
 
 
 def _zeroshot_lines(example: dict) -> list[str]:
@@ -152,14 +157,29 @@ def _zeroshot_lines(example: dict) -> list[str]:
         how = "on the full splits (no limit)"
     else:
         how = f"on the first {limit} documents of each task (limit {limit} per task)"
+    by_metric: dict[str, list[str]] = {}
+    for t in tasks:
+        by_metric.setdefault(_metric(example, t), []).append(TASK_TITLES.get(t, t))
+    metrics = "; ".join(f"`{m}` for {', '.join(names)}" for m, names in by_metric.items())
     lines = [
-        f"Zero-shot accuracy (%, lm-eval `{example.get('metric', 'acc')}`, 0-shot) {how}: "
-        + "; ".join(sizes) + f" documents. Mean = unweighted mean over the {len(tasks)} tasks."
+        f"Zero-shot accuracy (%, lm-eval 0-shot; {metrics}) {how}: " + "; ".join(sizes)
+        + f" documents. Mean = unweighted mean over the {len(tasks)} tasks."
     ]
-    smallest = min(scored[t]["n"] for t in tasks)
-    if limit is not None:
+    if "acc_norm" in by_metric:
+        lines.append("`acc_norm` (where lm-eval defines it) ranks the answer choices by log-likelihood per "
+                     "character, so longer choices are not penalised.")
+    stderrs = [scored[t].get(f"{_metric(example, t)}_stderr") for t in tasks]
+    if None not in stderrs:  # None: not in the result file (written before it was shown)
+        mean_se = 100 * sum(e ** 2 for e in stderrs) ** 0.5 / len(tasks)
+        lines.append(f"Standard error of the {example.get('label', 'first row')} row's Mean: {mean_se:.1f} points "
+                     "(sqrt of the summed squared per-task standard errors / tasks).")
+    elif limit is not None:
+        smallest = min(scored[t]["n"] for t in tasks)
         lines.append(f"With {smallest} documents per task one task's accuracy has a standard error of up to "
                      f"{50 / smallest ** 0.5:.0f} points: read small differences as noise.")
+    if all("choices" in scored[t] for t in tasks):
+        level = 100 * statistics.mean(statistics.mean(1 / c for c in scored[t]["choices"]) for t in tasks)
+        lines.append(f"Chance level of the Mean on these documents (1 / answer choices): {level:.1f} %.")
     if example.get("data_dir", "hub") != "hub":
         lines.append("Offline: the stock lm-eval task definitions on local copies of their scored splits "
                      "(BoolQ, RTE, HellaSwag, WinoGrande validation; ARC, OpenBookQA test).")
@@ -167,7 +187,23 @@ def _zeroshot_lines(example: dict) -> list[str]:
 
 
 def _zeroshot_setup(result: dict) -> dict:
-    return {"tasks": result["tasks"], "limit": result.get("limit"), "metric": result.get("metric", "acc")}
+    return {"tasks": result["tasks"], "limit": result.get("limit"),
+            "metrics": {t: _metric(result, t) for t in result["tasks"]}}
+
+
+def _zeroshot_paired(result: dict, reference: dict) -> dict[str, float]:
+    """The Mean's paired difference from ``reference`` on the same documents (points, 95 % interval)."""
+    from fedlib.evaluate.zeroshot import paired_difference
+
+    for t in result["tasks"]:
+        for r in (result, reference):
+            if "correct" not in r["zeroshot"][t]:
+                raise ValueError(f"{r.get('label')}: no per-document record for {t}; rerun the zero-shot evaluation")
+        if result["zeroshot"][t]["doc_ids"] != reference["zeroshot"][t]["doc_ids"]:
+            raise ValueError(f"{result.get('label')} and {reference.get('label')} scored different {t} documents")
+    variant, base = ([r["zeroshot"][t]["correct"][_metric(r, t)] for t in result["tasks"]] for r in (result, reference))
+    diff = paired_difference(variant, base)
+    return {k: 100 * v for k, v in diff.items()}
 
 
 def _fmt_acc(value: float) -> str:
@@ -180,7 +216,9 @@ class Measure:
 
     ``columns(example)`` -> [(key, column title)]; ``value(result, key)`` -> a number;
     ``fmt`` formats it; ``lines(example)`` are the header lines saying what was evaluated;
-    ``setup(result)`` must agree over every result of a table (same windows / tasks / limit)."""
+    ``setup(result)`` must agree over every result of a table (same windows / tasks / limit);
+    ``paired(result, reference)`` -> {delta, se, low, high}: the difference from the spec's
+    ``paired_reference`` result on the same documents (a column when the spec names one)."""
 
     name: str
     columns: Callable[[dict], list[tuple[str, str]]]
@@ -188,13 +226,14 @@ class Measure:
     fmt: Callable[[float], str]
     lines: Callable[[dict], list[str]]
     setup: Callable[[dict], dict]
+    paired: Callable[[dict, dict], dict[str, float]] | None = None
 
 
 MEASURES: dict[str, Measure] = {
     "perplexity": Measure("perplexity", _perplexity_columns, _perplexity_value, fmt_ppl,
                           _perplexity_lines, _perplexity_setup),
     "zeroshot": Measure("zeroshot", _zeroshot_columns, _zeroshot_value, _fmt_acc,
-                        _zeroshot_lines, _zeroshot_setup),
+                        _zeroshot_lines, _zeroshot_setup, _zeroshot_paired),
 }
 
 
@@ -244,12 +283,38 @@ def write_spec_table(spec: dict, md_path: Path, csv_path: Path, html_path: Path 
     example = loaded[0][0]
     value_columns = measure.columns(example)
     columns = list(spec["columns"]) + [title for _, title in value_columns]
+    lines = provenance_lines(spec["context"], example, measure)
+    reference_path = spec.get("paired_reference") if measure.paired else None
+    if reference_path:
+        reference = _load(reference_path)
+        if measure.setup(reference) != measure.setup(example):
+            raise ValueError(f"{reference_path}: evaluated with {measure.setup(reference)}, but the table's first "
+                             f"result with {measure.setup(example)}; rerun the evaluation")
+        name = reference.get("label", "the reference")
+        columns.append(f"Δ Mean vs {name} [95 % CI]")
+        lines.append(f"Δ Mean vs {name}: the row's Mean minus {name}'s on the same documents (points), with a 95 % "
+                     "paired normal interval from the per-document differences (standard error "
+                     "sqrt(Σ_t s_t²/n_t)/T over the T tasks); an interval that excludes 0 is a resolved difference. "
+                     "Rows of several results: mean ± std of their differences.")
     table = []
     for row, results in zip(spec["rows"], loaded):
         values = [_mean_std([measure.value(r, key) for r in results], measure.fmt) for key, _ in value_columns]
+        if reference_path:
+            values.append(_paired_cell(row["results"], results, reference_path, reference, measure))
         table.append(list(row["cells"]) + values)
-    write_table(md_path, csv_path, spec["title"], provenance_lines(spec["context"], example, measure),
-                columns, table, html_path)
+    write_table(md_path, csv_path, spec["title"], lines, columns, table, html_path)
+
+
+def _paired_cell(paths: Sequence[str], results: list[dict], reference_path: str, reference: dict,
+                 measure: Measure) -> str:
+    if [str(Path(p).resolve()) for p in paths] == [str(Path(reference_path).resolve())]:
+        return "reference"
+    diffs = [measure.paired(r, reference) for r in results]
+    if len(diffs) == 1:
+        d = diffs[0]
+        return f"{d['delta']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
+    deltas = [d["delta"] for d in diffs]
+    return f"{statistics.mean(deltas):+.2f} ± {statistics.stdev(deltas):.2f}"
 
 
 #: The perplexity tables' historical name; every measure goes through the same writer.

@@ -32,14 +32,23 @@ def test_zeroshot_verb_on_a_masked_tiny_model(tiny_model_dir, data_dir, tmp_path
     out = tmp_path / "zs.json"
     assert main(["zeroshot", "--model", model, "--mask", str(glob), "--scale", "--tasks", "arc_easy", "rte",
                  "--data-dir", str(data_dir), "--limit", "3", "--batch-size", "4", "--threads", "1",
-                 "--label", "fedprllm_oneshot_layer_scale", "--out", str(out)]) == 0
+                 "--label", "fedprllm_oneshot_layer_scale", "--log-samples", str(tmp_path / "samples.jsonl"),
+                 "--out", str(out)]) == 0
     record = json.loads(out.read_text())
-    assert record["tasks"] == ["arc_easy", "rte"] and record["limit"] == 3 and record["metric"] == "acc"
+    assert record["tasks"] == ["arc_easy", "rte"] and record["limit"] == 3
+    assert record["metrics"] == {"arc_easy": "acc_norm", "rte": "acc"}  # acc_norm where lm-eval defines it
+    assert record["mean_acc"] == pytest.approx((record["zeroshot"]["arc_easy"]["acc_norm"]
+                                                + record["zeroshot"]["rte"]["acc"]) / 2)
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [(r["task"], r["doc_id"]) for r in samples] == [(t, i) for t in ("arc_easy", "rte") for i in range(3)]
+    for task in ("arc_easy", "rte"):  # the per-document record in the result file is lm-eval's
+        for metric, correct in record["zeroshot"][task]["correct"].items():
+            assert correct == [int(r[metric]) for r in samples if r["task"] == task]
     assert record["scale"] and record["applied"]["scaled"] and record["measured_sparsity"] >= 0.5
     assert record["zeroshot"]["rte"]["n"] == 3 and record["zeroshot"]["rte"]["total"] == 277
     assert record["zeroshot"]["arc_easy"]["acc_norm"] is not None and record["zeroshot"]["rte"]["acc_norm"] is None
     assert 0 <= record["mean_acc"] <= 1
-    assert "mean acc" in capsys.readouterr().out
+    assert "rte: acc" in capsys.readouterr().out
     # a bad call names the problem and writes nothing
     bad = tmp_path / "bad.json"
     assert main(["zeroshot", "--model", model, "--scale", "--tasks", "rte", "--data-dir", str(data_dir),
@@ -54,6 +63,55 @@ def _zeroshot_result(path, accs, limit=20, tasks=("hellaswag", "rte")):
                                           for t, a in zip(tasks, accs)},
     }))
     return str(path)
+
+
+def _paired_result(path, correct: dict[str, list[int]]):
+    """A result file as `fedlib zeroshot` writes it now: per-task metrics and per-document records."""
+    tasks = list(correct)
+    metrics = {"hellaswag": "acc_norm", "rte": "acc"}
+    zeroshot = {}
+    for t, c in correct.items():
+        n, mean = len(c), sum(c) / len(c)
+        stderr = (sum((x - mean) ** 2 for x in c) / (n - 1) / n) ** 0.5
+        zeroshot[t] = {"acc": mean, "acc_stderr": stderr, "n": n, "total": 100, "doc_ids": list(range(n)),
+                       "choices": [4 if t == "hellaswag" else 2] * n, "correct": {metrics[t]: c},
+                       "acc_norm": mean if metrics[t] == "acc_norm" else None,
+                       "acc_norm_stderr": stderr if metrics[t] == "acc_norm" else None}
+        if metrics[t] == "acc_norm":
+            zeroshot[t]["correct"]["acc"] = c
+    path.write_text(json.dumps({"label": path.stem, "model_fingerprint": "f" * 64, "tasks": tasks, "limit": 8,
+                                "metrics": {t: metrics[t] for t in tasks}, "data_dir": "/data",
+                                "zeroshot": zeroshot}))
+    return str(path)
+
+
+def test_zeroshot_table_shows_paired_differences_from_dense(tmp_path):
+    dense = {"hellaswag": [1, 1, 0, 1, 1, 0, 1, 1], "rte": [1, 0, 1, 1, 0, 1, 1, 1]}
+    broken = {"hellaswag": [0, 0, 0, 1, 0, 0, 0, 0], "rte": [0, 0, 1, 0, 0, 1, 0, 1]}
+    spec = {"title": "Table 12 analogue", "measure": "zeroshot", "context": CONTEXT, "columns": ["Method"],
+            "rows": [{"cells": ["Dense"], "results": [_paired_result(tmp_path / "dense.json", dense)]},
+                     {"cells": ["Column"], "results": [_paired_result(tmp_path / "column.json", broken)]}],
+            "paired_reference": str(tmp_path / "dense.json")}
+    md, table = tmp_path / "t.md", tmp_path / "t.csv"
+    write_spec_table(spec, md, table)
+    rows = list(csv.reader(table.open()))
+    assert rows[0] == ["Method", "HellaSwag", "RTE", "Mean", "Δ Mean vs dense [95 % CI]"]
+    assert rows[1] == ["Dense", "75.00", "75.00", "75.00", "reference"]
+    # by hand: differences per document, hellaswag -5/8 (s² = 0.26786), rte -3/8 (s² = 0.26786);
+    # Δ = -50 points, SE = sqrt(2 * 0.26786 / 8) / 2 = 0.12939 -> ± 25.36 points
+    assert rows[2] == ["Column", "12.50", "37.50", "25.00", "-50.00 [-75.36, -24.64]"]
+    header = md.read_text()
+    assert "`acc_norm` for HellaSwag; `acc` for RTE" in header
+    assert "Chance level of the Mean on these documents (1 / answer choices): 37.5 %" in header
+    # the Dense Mean's standard error: sqrt(2 * (0.75 * 0.25 * 8 / 7) / 8) / 2 = 0.1157 -> 11.6 points
+    assert "Standard error of the dense row's Mean: 11.6 points" in header
+    assert "paired normal interval" in header
+    # a reference scored on other documents is refused, naming both
+    shifted = json.loads(Path(spec["rows"][1]["results"][0]).read_text())
+    shifted["zeroshot"]["rte"]["doc_ids"] = list(range(1, 9))
+    Path(spec["rows"][1]["results"][0]).write_text(json.dumps(shifted))
+    with pytest.raises(ValueError, match="column and dense scored different rte documents"):
+        write_spec_table(spec, md, table)
 
 
 def _ppl_result(path, ppl):

@@ -28,7 +28,11 @@ from fedlib.evaluate.zeroshot import (
     evaluate_zeroshot,
     harness_specs,
     local_task_config,
+    mean_standard_error,
+    paired_difference,
     run_harness,
+    sample_lines,
+    table_metric,
     task_file,
 )
 
@@ -146,8 +150,11 @@ def summary(tiny_model, tokenizer):
 def test_result_shape(summary):
     assert list(summary) == list(ZEROSHOT_TASKS)
     for task, res in summary.items():
-        assert set(res) == {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "n"}
-        assert res["n"] == LIMIT
+        assert set(res) == {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "n", "doc_ids", "correct", "choices"}
+        assert res["n"] == LIMIT and res["doc_ids"] == list(range(LIMIT))
+        assert set(res["correct"]) == ({"acc"} if res["acc_norm"] is None else {"acc", "acc_norm"})
+        assert all(sum(res["correct"][m]) / LIMIT == pytest.approx(res[m]) for m in res["correct"])
+        assert table_metric(task) == ("acc" if res["acc_norm"] is None else "acc_norm")
         assert 0.0 <= res["acc"] <= 1.0 and isinstance(res["acc_stderr"], float)
         if task in ("boolq", "rte", "winogrande"):  # the stock tasks report acc only
             assert res["acc_norm"] is None and res["acc_norm_stderr"] is None
@@ -158,13 +165,16 @@ def test_result_shape(summary):
 def test_harness_accuracy_matches_direct_forward(summary, direct_scores):
     for task in ZEROSHOT_TASKS:
         docs = direct_scores[task]
-        acc = sum(_argmax(lls) == gold for lls, gold, _ in docs) / len(docs)
-        assert summary[task]["acc"] == pytest.approx(acc), task
+        correct = [int(_argmax(lls) == gold) for lls, gold, _ in docs]
+        assert summary[task]["acc"] == pytest.approx(sum(correct) / len(docs)), task
+        assert summary[task]["correct"]["acc"] == correct, task  # per document, in document order
+        assert summary[task]["choices"] == [len(ch) for _, _, ch in docs], task
         if summary[task]["acc_norm"] is not None:
             # acc_norm: log-likelihood per character of the choice string
             norm = [[ll / len(c) for ll, c in zip(lls, ch)] for lls, _, ch in docs]
-            acc_norm = sum(_argmax(n) == g for n, (_, g, _) in zip(norm, docs)) / len(docs)
-            assert summary[task]["acc_norm"] == pytest.approx(acc_norm), task
+            correct_norm = [int(_argmax(n) == g) for n, (_, g, _) in zip(norm, docs)]
+            assert summary[task]["acc_norm"] == pytest.approx(sum(correct_norm) / len(docs)), task
+            assert summary[task]["correct"]["acc_norm"] == correct_norm, task
 
 
 def test_harness_loglikelihoods_match_direct_forward(tiny_model, tokenizer, direct_scores):
@@ -179,6 +189,20 @@ def test_harness_loglikelihoods_match_direct_forward(tiny_model, tokenizer, dire
             harness_lls = [float(r[0]) for r in s["filtered_resps"]]
             assert harness_lls == pytest.approx(lls, abs=2e-3), (task, s["doc_id"])
             assert s["acc"] == float(_argmax(lls) == gold), (task, s["doc_id"])
+    # --log-samples: lm-eval's records, one JSON line per document, sanitized as lm-eval writes them
+    lines = [json.loads(line) for line in sample_lines(raw, names).splitlines()]
+    assert [(r["task"], r["doc_id"]) for r in lines] == [(t, i) for t in ZEROSHOT_TASKS for i in range(LIMIT)]
+    for r in lines:
+        lls, gold, choices = direct_scores[r["task"]][r["doc_id"]]
+        assert len(r["arguments"]) == len(choices) and set(r["arguments"]["gen_args_0"]) == {"arg_0", "arg_1"}
+        assert [float(x[0]) for x in r["filtered_resps"]] == pytest.approx(lls, abs=2e-3)
+        assert r["acc"] == float(_argmax(lls) == gold)
+        # the gold choice's index; WinoGrande's target is the shared continuation (partial evaluation)
+        if r["task"] == "winogrande":  # partial evaluation: the target is the continuation every choice shares
+            assert r["target"].strip() == r["arguments"]["gen_args_0"]["arg_1"].strip() != ""
+        else:  # the gold choice's index
+            assert r["target"] == str(gold)
+        assert ("acc_norm" in r) == (table_metric(r["task"]) == "acc_norm")
 
 
 def test_deterministic_and_leaves_caller_state(tiny_model, tokenizer, summary):
@@ -327,3 +351,44 @@ def test_local_definition_matches_stock(task):
         my_args, my_gold = _requests_and_gold(my_task, my_docs[i])
         assert my_args == ref_args, (task, i)
         assert my_gold == ref_gold and len(my_gold) == 1, (task, i)
+
+
+# ------------------------------------------------ paired differences and standard errors
+
+
+def test_paired_difference_matches_scipy_on_one_task():
+    from scipy import stats
+
+    rng = torch.Generator().manual_seed(0)
+    ref = torch.randint(0, 2, (40,), generator=rng).tolist()
+    var = torch.randint(0, 2, (40,), generator=rng).tolist()
+    d = [a - b for a, b in zip(var, ref)]
+    got = paired_difference([var], [ref])
+    low, high = stats.norm.interval(0.95, loc=sum(d) / len(d), scale=stats.sem(d))
+    assert got["delta"] == pytest.approx(sum(d) / len(d)) and got["se"] == pytest.approx(stats.sem(d))
+    assert (got["low"], got["high"]) == pytest.approx((low, high))
+    assert mean_standard_error([ref]) == pytest.approx(stats.sem(ref))  # lm-eval's acc_stderr
+
+
+def test_paired_difference_over_tasks_matches_a_stratified_bootstrap():
+    """Three tasks of different sizes: the analytic standard error of the mean over tasks of the
+    per-task mean differences against a brute-force bootstrap that resamples documents within
+    each task (seeded); the bootstrap's variance uses n, not n - 1, hence the small factor."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    sizes = (30, 50, 80)
+    ref = [rng.integers(0, 2, n) for n in sizes]
+    var = [np.where(rng.random(n) < 0.7, r, 1 - r) for r, n in zip(ref, sizes)]  # 70 % agreement
+    got = paired_difference([v.tolist() for v in var], [r.tolist() for r in ref])
+    diffs = [v - r for v, r in zip(var, ref)]
+    assert got["delta"] == pytest.approx(np.mean([d.mean() for d in diffs]))
+    boot = np.mean([d[rng.integers(0, len(d), (20000, len(d)))].mean(axis=1) for d in diffs], axis=0)
+    shrink = np.sqrt(sum(d.var(ddof=0) / len(d) for d in diffs) / sum(d.var(ddof=1) / len(d) for d in diffs))
+    assert boot.std() == pytest.approx(got["se"] * shrink, rel=0.03)
+    assert got["high"] - got["delta"] == pytest.approx(1.959964 * got["se"])
+    # pairing: the same documents scored twice differ by exactly 0 with no spread
+    same = paired_difference([r.tolist() for r in ref], [r.tolist() for r in ref])
+    assert same == {"delta": 0.0, "se": 0.0, "low": 0.0, "high": 0.0}
+    with pytest.raises(ValueError, match="not the same documents"):
+        paired_difference([[1, 0]], [[1, 0, 1]])

@@ -117,6 +117,20 @@ def secagg(data: dict) -> str:
     return "\n".join(lines)
 
 
+def perplexity(data: dict) -> str:
+    """`fedlib evaluate`'s perplexity path vs a bare forward (benchmarks/bench_perplexity.py)."""
+    lines = []
+    for r in data["records"]:
+        lines.append(
+            f"- Perplexity rate, {data['windows']} WikiText-2 test windows × {data['seqlen']} tokens, batch "
+            f"{r['batch_size']}, {data['threads']} threads: fedlib {r['fedlib_tokens_per_s']:,.0f} tokens/s "
+            f"(**{r['ratio']:.2f}×** a bare `model(input_ids)` forward at {r['bare_tokens_per_s']:,.0f} tokens/s; "
+            f"{r['ratio_in_memory']:.2f}× with the model already in memory); ppl {r['fedlib_ppl']:.4f} vs "
+            f"{r['bare_forward_ppl_float64_loss']:.4f} from the bare forward's logits (goal {data['goal']}; medians of "
+            f"{data['repeats']} interleaved repeats, load average {data['load_average_before_after'][0]:.0f}).")
+    return "\n".join(lines + [f"  {_provenance(data)}"])
+
+
 def workflow(data: dict) -> str:
     """Where a `make run` spends its time (benchmarks/workflow_summary.py over its benchmark files)."""
     rules = sorted(data["rules"].items(), key=lambda kv: -kv[1]["seconds"])
@@ -313,6 +327,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "server": (REPO / "benchmarks/results/server.json", server),
     "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
     "secagg": (REPO / "benchmarks/results/secagg.json", secagg),
+    "perplexity": (REPO / "benchmarks/results/perplexity.json", perplexity),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),
     "mask-compression": (REPO / "benchmarks/results/mask_compression.json", mask_compression),

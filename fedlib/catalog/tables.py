@@ -247,10 +247,15 @@ class Catalog:
     # changed, like table2); their specs are the perplexity specs with the zero-shot result files.
 
     def as_zeroshot(self, spec: dict, title: str) -> dict:
-        """The same table with zero-shot accuracies: every result file swapped for its zero-shot twin."""
-        return {**spec, "measure": "zeroshot", "title": title,
-                "rows": [{**row, "results": [zeroshot_path(self.results, p) for p in row["results"]]}
-                         for row in spec["rows"]]}
+        """The same table with zero-shot accuracies: every result file swapped for its zero-shot twin;
+        with a Dense row, the other rows' paired differences from it (``paired_reference``)."""
+        rows = [{**row, "results": [zeroshot_path(self.results, p) for p in row["results"]]} for row in spec["rows"]]
+        out = {**spec, "measure": "zeroshot", "title": title, "rows": rows}
+        dense = [row["results"][0] for row in rows
+                 if len(row["results"]) == 1 and Variant.from_label(Path(row["results"][0]).stem).row_kind == "dense"]
+        if dense:
+            out["paired_reference"] = dense[0]
+        return out
 
     def _limit_title(self) -> str:
         return "full splits" if self.zeroshot_limit is None else f"first {self.zeroshot_limit} documents per task"

@@ -22,7 +22,9 @@ Splits scored (as in the stock tasks): BoolQ, RTE, HellaSwag, WinoGrande
 validation; ARC-Easy, ARC-Challenge, OpenBookQA test.
 
 Public API: :data:`ZEROSHOT_TASKS`, :func:`evaluate_zeroshot`,
-:func:`run_harness` (raw lm-eval output), :func:`local_task_config`,
+:func:`run_harness` (raw lm-eval output), :func:`summarize`, :func:`sample_lines`
+(``--log-samples``), :func:`table_metric`, :func:`mean_standard_error`,
+:func:`paired_difference`, :func:`local_task_config`,
 :func:`task_file`, :func:`load_local_jsonl`, :data:`STOCK_TASK_YAML`.
 """
 
@@ -33,7 +35,7 @@ import functools
 import logging
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 ZEROSHOT_TASKS: tuple[str, ...] = (
     "boolq",
@@ -73,6 +75,18 @@ _SPLIT = {
 
 _ACC = {"metric": "acc", "aggregation": "mean", "higher_is_better": True}
 _ACC_NORM = {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}
+
+# The metrics each stock task defines (its metric_list): acc_norm (log-likelihood per byte of
+# the choice's characters) only where the answer choices differ in length: HellaSwag, ARC, OpenBookQA.
+_METRICS: dict[str, list[dict[str, Any]]] = {
+    task: [_ACC, _ACC_NORM] if task in ("hellaswag", "arc_easy", "arc_challenge", "openbookqa") else [_ACC]
+    for task in ZEROSHOT_TASKS
+}
+
+
+def table_metric(task: str) -> str:
+    """The metric the tables show for ``task``: ``acc_norm`` where lm-eval defines it, else ``acc``."""
+    return _METRICS[task][-1]["metric"]
 
 
 def boolq_process_docs(dataset):
@@ -147,7 +161,7 @@ def _task_body(task: str) -> dict[str, Any]:
         "doc_to_text": "Question: {{question}}\nAnswer:",
         "doc_to_target": "{{choices.label.index(answerKey)}}",
         "doc_to_choice": "{{choices.text}}",
-        "metric_list": [_ACC, _ACC_NORM],
+        "metric_list": _METRICS["arc_easy"],
         "metadata": {"version": 1.0},
     }
     bodies: dict[str, dict[str, Any]] = {
@@ -158,7 +172,7 @@ def _task_body(task: str) -> dict[str, Any]:
             "doc_to_text": "{{passage}}\nQuestion: {{question}}?\nAnswer:",
             "doc_to_target": "label",
             "doc_to_choice": ["no", "yes"],
-            "metric_list": [_ACC],
+            "metric_list": _METRICS["boolq"],
             "metadata": {"version": 2.0},
         },
         # glue/rte/default.yaml
@@ -167,7 +181,7 @@ def _task_body(task: str) -> dict[str, Any]:
             "doc_to_text": "{{sentence1}}\nQuestion: {{sentence2}} True or False?\nAnswer:",
             "doc_to_target": "label",
             "doc_to_choice": ["True", "False"],
-            "metric_list": [_ACC],
+            "metric_list": _METRICS["rte"],
             "metadata": {"version": 1.0},
         },
         # hellaswag/hellaswag.yaml
@@ -177,7 +191,7 @@ def _task_body(task: str) -> dict[str, Any]:
             "doc_to_text": "{{query}}",
             "doc_to_target": "{{label}}",
             "doc_to_choice": "choices",
-            "metric_list": [_ACC, _ACC_NORM],
+            "metric_list": _METRICS["hellaswag"],
             "metadata": {"version": 1.0},
         },
         # winogrande/default.yaml (partial evaluation: the choices are contexts)
@@ -186,7 +200,7 @@ def _task_body(task: str) -> dict[str, Any]:
             "doc_to_text": winogrande_utils.doc_to_text,
             "doc_to_target": winogrande_utils.doc_to_target,
             "doc_to_choice": winogrande_utils.doc_to_choice,
-            "metric_list": [_ACC],
+            "metric_list": _METRICS["winogrande"],
             "metadata": {"version": 1.0},
         },
         # arc/arc_easy.yaml, arc/arc_challenge.yaml (include: arc_easy.yaml)
@@ -198,7 +212,7 @@ def _task_body(task: str) -> dict[str, Any]:
             "doc_to_text": "question_stem",
             "doc_to_target": "{{choices.label.index(answerKey.lstrip())}}",
             "doc_to_choice": "{{choices.text}}",
-            "metric_list": [_ACC, _ACC_NORM],
+            "metric_list": _METRICS["openbookqa"],
             "metadata": {"version": 1.0},
         },
     }
@@ -379,6 +393,57 @@ def run_harness(
     return raw, names
 
 
+def summarize(raw: dict[str, Any], names: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """{task: scores} from :func:`run_harness`'s output (run with ``log_samples=True``).
+
+    Per task: ``acc``, ``acc_stderr``, ``acc_norm``, ``acc_norm_stderr`` (``None`` where the
+    task defines no ``acc_norm``; a standard error is ``nan`` when undefined, n < 2), ``n``,
+    and the per-document record the paired comparisons need: ``doc_ids`` (in order),
+    ``correct`` ({metric: [0/1 per document]}) and ``choices`` (answer choices per document,
+    so 1/choices is the document's chance level).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for task, name in names.items():
+        res = raw["results"][name]
+        has_norm = "acc_norm,none" in res
+        samples = sorted(raw["samples"][name], key=lambda r: r["doc_id"])
+        metrics = ["acc", "acc_norm"] if has_norm else ["acc"]
+        out[task] = {
+            "acc": float(res["acc,none"]),
+            "acc_stderr": _float_or_nan(res.get("acc_stderr,none")),
+            "acc_norm": float(res["acc_norm,none"]) if has_norm else None,
+            "acc_norm_stderr": _float_or_nan(res.get("acc_norm_stderr,none")) if has_norm else None,
+            "n": int(raw["n-samples"][name]["effective"]),
+            "doc_ids": [int(r["doc_id"]) for r in samples],
+            "correct": {m: [int(r[m]) for r in samples] for m in metrics},
+            "choices": [len(r["arguments"]) for r in samples],
+        }
+    return out
+
+
+def sample_lines(raw: dict[str, Any], names: dict[str, str]) -> str:
+    """lm-eval's per-document records of every task as JSONL (``{"task": ..., **record}`` a line).
+
+    Sanitized as lm-eval's own ``--log_samples`` writer does (arguments as ``gen_args_i`` /
+    ``arg_j``, responses as plain lists, target as a string), so the lines read like the
+    harness's ``samples_<task>_*.jsonl`` files."""
+    import json
+
+    from lm_eval.utils import handle_non_serializable, sanitize_list
+
+    lines = []
+    for task, name in names.items():
+        for record in sorted(raw["samples"][name], key=lambda r: r["doc_id"]):
+            record = dict(record)
+            record["arguments"] = {f"gen_args_{i}": {f"arg_{j}": part for j, part in enumerate(arg)}
+                                   for i, arg in enumerate(record["arguments"])}
+            record["resps"] = sanitize_list(record["resps"])
+            record["filtered_resps"] = sanitize_list(record["filtered_resps"])
+            record["target"] = str(record["target"])
+            lines.append(json.dumps({"task": task, **record}, default=handle_non_serializable, ensure_ascii=False))
+    return "\n".join(lines) + "\n"
+
+
 def evaluate_zeroshot(
     model,
     tokenizer,
@@ -401,25 +466,55 @@ def evaluate_zeroshot(
         seed: seeds python / numpy / torch / few-shot sampling in lm-eval.
 
     Returns:
-        ``{task: {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "n"}}`` with the
-        plain task names as keys (in the order given).  ``acc_norm`` and
-        ``acc_norm_stderr`` are ``None`` for tasks whose stock definition has no
-        ``acc_norm`` (BoolQ, RTE, WinoGrande); a standard error is ``nan`` when it
-        is undefined (n < 2).
+        :func:`summarize`'s ``{task: scores}`` with the plain task names as keys (in the
+        order given).
     """
     raw, names = run_harness(
         model, tokenizer, tasks, data_dir=data_dir, limit=limit,
-        batch_size=batch_size, seed=seed, log_samples=False,
+        batch_size=batch_size, seed=seed, log_samples=True,
     )
-    out: dict[str, dict[str, Any]] = {}
-    for task, name in names.items():
-        res = raw["results"][name]
-        has_norm = "acc_norm,none" in res
-        out[task] = {
-            "acc": float(res["acc,none"]),
-            "acc_stderr": _float_or_nan(res.get("acc_stderr,none")),
-            "acc_norm": float(res["acc_norm,none"]) if has_norm else None,
-            "acc_norm_stderr": _float_or_nan(res.get("acc_norm_stderr,none")) if has_norm else None,
-            "n": int(raw["n-samples"][name]["effective"]),
-        }
-    return out
+    return summarize(raw, names)
+
+
+# ------------------------------------------------------------- statistics over documents
+
+#: Two-sided 95 % quantile of the standard normal (scipy.stats.norm.ppf(0.975)).
+Z95 = 1.959963984540054
+
+
+def _variance(values: Sequence[float]) -> float:
+    """Sample variance (n - 1), as lm-eval's stderr of a mean uses."""
+    n = len(values)
+    if n < 2:
+        return math.nan
+    mean = sum(values) / n
+    return sum((v - mean) ** 2 for v in values) / (n - 1)
+
+
+def mean_standard_error(correct: Sequence[Sequence[int]]) -> float:
+    """Standard error of the unweighted mean over tasks of per-task accuracies.
+
+    ``correct``: one 0/1 list per task. Tasks are independent samples, so
+    SE = sqrt(sum_t s_t^2 / n_t) / T with s_t^2 the task's sample variance (lm-eval's
+    per-task stderr is sqrt(s_t^2 / n_t))."""
+    return math.sqrt(sum(_variance(c) / len(c) for c in correct)) / len(correct)
+
+
+def paired_difference(variant: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> dict[str, float]:
+    """Difference of the task-mean accuracy, variant - reference, on the same documents,
+    with its 95 % paired normal interval.
+
+    Per task t the per-document differences d_ti = variant_ti - reference_ti have mean D_t
+    and sample variance s_t^2; the mean over T tasks differs by (1/T) sum_t D_t with standard
+    error sqrt(sum_t s_t^2 / n_t) / T; the interval is +- :data:`Z95` standard errors.
+    (Pairing removes the between-document variance both models share.)"""
+    if len(variant) != len(reference):
+        raise ValueError(f"{len(variant)} tasks against {len(reference)}")
+    diffs = []
+    for v, r in zip(variant, reference):
+        if len(v) != len(r):
+            raise ValueError(f"{len(v)} documents against {len(r)}: not the same documents")
+        diffs.append([a - b for a, b in zip(v, r)])
+    delta = sum(sum(d) / len(d) for d in diffs) / len(diffs)
+    se = mean_standard_error(diffs)
+    return {"delta": delta, "se": se, "low": delta - Z95 * se, "high": delta + Z95 * se}

@@ -21,10 +21,6 @@ from pathlib import Path
 
 HELP = "zero-shot accuracy (lm-eval) of the base model, optionally with a mask or weight file applied"
 
-#: The metric the report tables show: lm-eval's ``acc`` for every task, as the Wanda /
-#: FedPrLLM tables do (their HellaSwag, ARC and OpenBookQA numbers are ``acc``, not ``acc_norm``).
-TABLE_METRIC = "acc"
-
 
 def _limit(value: str) -> int | None:
     if value.lower() in ("none", "null", "all", "full"):
@@ -55,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_placement_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", default="model")
+    p.add_argument("--log-samples", metavar="PATH",
+                   help="also write lm-eval's per-document records (JSONL, one line per document) to PATH")
     p.add_argument("--out", required=True)
 
 
@@ -80,10 +78,13 @@ def _clean(value):
 def zeroshot_variant(model_dir: str, tasks, data_dir: Path | None, limit: int | None = None,
                      mask: str | None = None, scale: bool = False, weights: str | None = None,
                      batch_size: int = 8, seed: int = 0, label: str = "model",
-                     device: str = "cpu", dtype: str = "float32") -> dict:
+                     device: str = "cpu", dtype: str = "float32") -> tuple[dict, str]:
     """Put the base model on the device with the variant applied, score the tasks; the result
-    record."""
-    from fedlib.evaluate.zeroshot import evaluate_zeroshot
+    record and lm-eval's per-document records (JSONL text, :func:`sample_lines`).
+
+    Each task's table metric is ``acc_norm`` where lm-eval defines it, else ``acc``
+    (:func:`table_metric`); ``mean_acc`` is their unweighted mean over the tasks."""
+    from fedlib.evaluate.zeroshot import run_harness, sample_lines, summarize, table_metric
     from fedlib.models import load_tokenizer, open_model
     from fedlib.pruned import Variant, measured_sparsity
     from fedlib.runner import Placement, place_model
@@ -95,22 +96,24 @@ def zeroshot_variant(model_dir: str, tasks, data_dir: Path | None, limit: int | 
     variant = Variant(handle, mask, scale, weights)
     base_fingerprint = handle.fingerprint()
     model = place_model(handle, placement, variant.decision)
-    scores = evaluate_zeroshot(model, load_tokenizer(model_dir), tasks, data_dir=data_dir, limit=limit,
-                               batch_size=batch_size, seed=seed)
+    raw, names = run_harness(model, load_tokenizer(model_dir), tasks, data_dir=data_dir, limit=limit,
+                             batch_size=batch_size, seed=seed, log_samples=True)
+    scores = summarize(raw, names)
     results = {}
     for task in tasks:
         row = {key: _clean(value) for key, value in scores[task].items()}
         row["total"] = sizes[task]
         results[task] = row
-    mean = sum(results[t][TABLE_METRIC] for t in tasks) / len(tasks)
+    metrics = {t: table_metric(t) for t in tasks}
+    mean = sum(results[t][metrics[t]] for t in tasks) / len(tasks)
     return {
         "label": label, "mask": mask, "weights": weights, "scale": bool(scale), "applied": variant.summary(),
         "model_fingerprint": base_fingerprint, "measured_sparsity": measured_sparsity(model),
-        "tasks": tasks, "limit": limit, "metric": TABLE_METRIC, "seed": seed, "batch_size": batch_size,
+        "tasks": tasks, "limit": limit, "metrics": metrics, "seed": seed, "batch_size": batch_size,
         "data_dir": str(data_dir) if data_dir is not None else "hub",
         "device": str(placement.device), "dtype": dtype,
         "zeroshot": results, "mean_acc": mean,
-    }
+    }, sample_lines(raw, names)
 
 
 def run(args) -> None:
@@ -123,11 +126,14 @@ def run(args) -> None:
         torch.set_num_threads(args.threads)
     data_dir = None if args.data_dir in (None, "", "hub") else Path(args.data_dir)
     start = time.perf_counter()
-    record = zeroshot_variant(args.model, args.tasks, data_dir, args.limit, mask=args.mask, scale=args.scale,
+    record, samples = zeroshot_variant(args.model, args.tasks, data_dir, args.limit, mask=args.mask, scale=args.scale,
                               weights=args.weights, batch_size=args.batch_size, seed=args.seed, label=args.label,
                               device=args.device, dtype=args.dtype)
     for task in record["tasks"]:
         row = record["zeroshot"][task]
-        print(f"{args.label} {task}: acc {row['acc']:.4f} on {row['n']} documents")
-    print(f"{args.label} mean acc {record['mean_acc']:.4f} in {time.perf_counter() - start:.1f}s")
+        metric = record["metrics"][task]
+        print(f"{args.label} {task}: {metric} {row[metric]:.4f} on {row['n']} documents")
+    print(f"{args.label} mean {record['mean_acc']:.4f} in {time.perf_counter() - start:.1f}s")
+    if args.log_samples:
+        write_text_atomic(Path(args.log_samples), samples)
     write_text_atomic(Path(args.out), json.dumps(record, indent=2, sort_keys=True) + "\n")
