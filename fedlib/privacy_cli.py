@@ -57,6 +57,16 @@ def _method_options(value: str) -> dict:
     return options
 
 
+def _shadow_game_args(p, data_set: str) -> None:
+    """The membership game's sizes (membership, secagg)."""
+    p.add_argument("--model", required=True)
+    _pruning_args(p, blocks=True)
+    p.add_argument("--population", required=True, help="token file: targets are its first rows, the rest fill data sets")
+    p.add_argument("--targets", type=int, default=32)
+    p.add_argument("--samples", type=int, default=2, help=f"samples in {data_set}")
+    p.add_argument("--pairs", type=int, default=4, help="shadow (in, out) pairs per target: half direction, half fit")
+
+
 def _pruning_args(p, blocks: bool = False) -> None:
     p.add_argument("--method", default="wanda")
     p.add_argument("--method-options", type=_method_options, default=None,
@@ -105,12 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
     p = sub.add_parser("membership", help="LiRA membership inference on shadow masks; AUC, TPR@FPR, ε lower bound")
-    p.add_argument("--model", required=True)
-    _pruning_args(p, blocks=True)
-    p.add_argument("--population", required=True, help="token file: targets are its first rows, the rest fill data sets")
-    p.add_argument("--targets", type=int, default=32)
-    p.add_argument("--samples", type=int, default=2, help="samples in the client's data set")
-    p.add_argument("--pairs", type=int, default=4, help="shadow (in, out) pairs per target: half direction, half fit")
+    _shadow_game_args(p, "the client's data set")
     p.add_argument("--epsilons", type=_epsilon, nargs="*", default=[],
                    help="also attack masks under randomized response with these per-bit ε")
     from fedlib.cli import add_dp_arguments
@@ -122,12 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("secagg", help="membership inference on the sum of m client masks (what secure aggregation "
                        "shows the server) and on its global mask, per m")
-    p.add_argument("--model", required=True)
-    _pruning_args(p, blocks=True)
-    p.add_argument("--population", required=True, help="token file: targets are its first rows, the rest fill data sets")
-    p.add_argument("--targets", type=int, default=32)
-    p.add_argument("--samples", type=int, default=2, help="samples in each client's data set")
-    p.add_argument("--pairs", type=int, default=4, help="shadow (in, out) pairs per target: half direction, half fit")
+    _shadow_game_args(p, "each client's data set")
     p.add_argument("--cohorts", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="numbers of clients m summed")
     p.add_argument("--pool", type=int, default=32, help="other clients' masks in each pool (real / attacker's)")
     p.add_argument("--draws", type=int, default=2, help="sums per fitting shadow mask")

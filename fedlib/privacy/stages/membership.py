@@ -48,6 +48,20 @@ def attack_summary(members, nonmembers, fprs=(0.01, 0.001), confidence: float = 
     return out
 
 
+def shadow_pairs(mask_of, rng: np.random.Generator, others: np.ndarray, target: int, samples: int,
+                 pairs: int) -> tuple[list, list]:
+    """``pairs`` shadow (in, out) masks of data sets of ``samples`` rows drawn from ``others``:
+    the two of a pair share all rows but one, which is ``target`` in the first and another row
+    in the second (what LiRA's direction and fit are learned from)."""
+    ins, outs = [], []
+    for _ in range(pairs):
+        pick = rng.choice(others, samples, replace=False)
+        rest, swap = pick[: samples - 1].tolist(), int(pick[-1])
+        ins.append(mask_of(rest + [target]))
+        outs.append(mask_of(rest + [swap]))
+    return ins, outs
+
+
 def membership_audit(
     model,
     population: torch.Tensor,
@@ -136,12 +150,7 @@ def membership_audit(
     n_bits = None
     for t in range(targets):
         others = np.delete(np.arange(P), t)
-        ins, outs = [], []
-        for _ in range(pairs):
-            pick = rng.choice(others, samples, replace=False)
-            rest, swap = pick[: samples - 1].tolist(), int(pick[-1])
-            ins.append(mask_of(rest + [t]))
-            outs.append(mask_of(rest + [swap]))
+        ins, outs = shadow_pairs(mask_of, rng, others, t, samples, pairs)
         member_obs = mask_of(rng.choice(others, samples - 1, replace=False).tolist() + [t])
         nonmember_obs = mask_of(rng.choice(others, samples, replace=False).tolist())
         n_bits = member_obs.numel()

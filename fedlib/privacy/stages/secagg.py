@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fedlib.privacy.bits import flat_mask
-from fedlib.privacy.stages.membership import attack_summary
+from fedlib.privacy.stages.membership import attack_summary, shadow_pairs
 from fedlib.privacy.stages.recompute import client_masks
 
 
@@ -96,12 +96,7 @@ def secagg_membership_audit(
     fit_out = {(v, m): np.zeros((targets, n_fit * draws)) for v in views for m in cohorts}
     for t in range(targets):
         others = np.delete(np.arange(P), t)
-        ins, outs = [], []
-        for _ in range(pairs):
-            pick = rng.choice(others, samples, replace=False)
-            rest, swap = pick[: samples - 1].tolist(), int(pick[-1])
-            ins.append(mask_of(rest + [t]))
-            outs.append(mask_of(rest + [swap]))
+        ins, outs = shadow_pairs(mask_of, rng, others, t, samples, pairs)
         observed = [mask_of(rng.choice(others, samples - 1, replace=False).tolist() + [t]),
                     mask_of(rng.choice(others, samples, replace=False).tolist())]
         d = target_direction(ins[:n_dir], outs[:n_dir])
