@@ -159,6 +159,16 @@ def test_table12_run_keeps_the_run_rows_with_zeroshot_files():
                              "(wanda, 50% sparsity; first 2 documents per task)")
 
 
+def test_zeroshot_tables_read_their_paired_reference_only_with_a_dense_row():
+    with_dense = Catalog(tiny_config()).table12_run()
+    assert with_dense["paired_reference"] == f"{R}/zeroshot/dense.json"
+    assert table_inputs({**with_dense, "rows": with_dense["rows"][1:]}) == sorted(
+        [f"{R}/zeroshot/dense.json", *(row["results"][0] for row in with_dense["rows"][1:])])
+    without = Catalog(tiny_config(zeroshot={"limit": 2, "run_rows": ["fedprllm_scale"]})).table12_run()
+    assert "paired_reference" not in without
+    assert table_inputs(without) == sorted(row["results"][0] for row in without["rows"])
+
+
 def test_table2_rows():
     spec = Catalog(tiny_config()).table2()
     e = f"{R}/eval/c4-4x32/iid-2/wanda-0.5-column"
