@@ -102,10 +102,14 @@ def test_real_run_then_reruns_only_what_changed(workdir):
         assert "./model" in (workdir / "reports" / f"privacy_{name}.md").read_text(), name
     assert (workdir / "reports" / "privacy_defence.png").stat().st_size > 0
     zeroshot = list(csv.reader((workdir / "reports" / "table12_run.csv").open()))
-    assert zeroshot[0][4:] == ["RTE", "ARC-e", "Mean"]
+    assert zeroshot[0][4:] == ["RTE", "ARC-e", "Mean", "Δ Mean vs dense [95 % CI]"]
     assert [r[:2] for r in zeroshot[1:]] == [["Dense", "-"], ["Centralized", "-"], ["FedPrLLM", "Layer"],
                                              ["FedPrLLM", "Column"]]
-    assert all(0 <= float(v) <= 100 for r in zeroshot[1:] for v in r[4:])
+    assert all(0 <= float(v) <= 100 for r in zeroshot[1:] for v in r[4:-1])
+    assert zeroshot[1][-1] == "reference"
+    for r in zeroshot[2:]:  # the row's Mean minus Dense's, inside its interval
+        diff, low, high = map(float, re.fullmatch(r"([-+][\d.]+) \[([-+][\d.]+), ([-+][\d.]+)\]", r[-1]).groups())
+        assert low <= diff <= high and abs(diff - (float(r[-2]) - float(zeroshot[1][-2]))) < 0.01
     assert "limit 2 per task" in (workdir / "reports" / "table12_run.md").read_text()
     transfer = list(csv.reader((workdir / "reports" / "cost_transfer.csv").open()))
     assert [r[:3] for r in transfer[1:]] == [["FedPrLLM one-shot", "layer", "1"], ["FedPrLLM iterative", "layer", "2"]]
