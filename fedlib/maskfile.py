@@ -457,21 +457,19 @@ def _dp_guarantee(value):
         keys = list(value) if isinstance(value, dict) else value
         raise ValueError(f"expected a JSON object with exactly the keys {list(GUARANTEE_FIELDS)} in that order, "
                          f"got {_show(keys)}")
-    checks = {
-        "epsilon": lambda v: type(v) is float and 0 < v,
-        "delta": lambda v: type(v) is float and 0 < v < 1,
-        "clip": lambda v: type(v) is float and 0 < v,
-        "sigma": lambda v: type(v) is float and 0 < v,
-        "accountant": lambda v: v == ACCOUNTANT,
-        "neighbours": lambda v: v == NEIGHBOURS,
-        "releases": lambda v: type(v) is int and 1 <= v <= MAX_DIMENSION,
+    positive = (lambda v: type(v) is float and 0 < v, "a positive finite float")
+    checks = {  # key -> (check, what is expected)
+        "epsilon": positive,
+        "delta": (lambda v: type(v) is float and 0 < v < 1, "a float in (0, 1)"),
+        "clip": positive,
+        "sigma": positive,
+        "accountant": (lambda v: v == ACCOUNTANT, repr(ACCOUNTANT)),
+        "neighbours": (lambda v: v == NEIGHBOURS, repr(NEIGHBOURS)),
+        "releases": (lambda v: type(v) is int and 1 <= v <= MAX_DIMENSION, f"an integer in 1..{MAX_DIMENSION}"),
     }
-    expected = {"epsilon": "a positive finite float", "delta": "a float in (0, 1)", "clip": "a positive finite float",
-                "sigma": "a positive finite float", "accountant": repr(ACCOUNTANT), "neighbours": repr(NEIGHBOURS),
-                "releases": f"an integer in 1..{MAX_DIMENSION}"}
-    for key, check in checks.items():
+    for key, (check, expected) in checks.items():
         if not check(value[key]):
-            raise ValueError(f"{key}: expected {expected[key]}, got {_show(value[key])}")
+            raise ValueError(f"{key}: expected {expected}, got {_show(value[key])}")
     return value
 
 
