@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import csv
 from collections import defaultdict
 from pathlib import Path
 
 from common import write
+
+from fedlib.cost import read_benchmark
 
 
 def main() -> None:
@@ -18,12 +19,11 @@ def main() -> None:
     per_rule: dict[str, dict] = defaultdict(lambda: {"jobs": 0, "seconds": 0.0, "max_rss_mib": 0.0})
     for tsv in sorted(Path(args.results, "benchmarks").rglob("*.tsv")):
         rule = tsv.relative_to(Path(args.results, "benchmarks")).parts[0].removesuffix(".tsv")
-        with tsv.open() as handle:
-            row = next(csv.DictReader(handle, delimiter="\t"))
+        job = read_benchmark(tsv)
         entry = per_rule[rule]
         entry["jobs"] += 1
-        entry["seconds"] += float(row["s"])
-        entry["max_rss_mib"] = max(entry["max_rss_mib"], float(row["max_rss"]) if row["max_rss"] not in ("-", "NA") else 0.0)
+        entry["seconds"] += job["s"]
+        entry["max_rss_mib"] = max(entry["max_rss_mib"], job["max_rss"] or 0.0)
     total = sum(e["seconds"] for e in per_rule.values())
     for rule, entry in sorted(per_rule.items(), key=lambda kv: -kv[1]["seconds"]):
         entry["share"] = entry["seconds"] / total

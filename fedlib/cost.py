@@ -337,18 +337,23 @@ def write_network_table(strategies: Sequence[dict], context: dict, md: Path, csv
 # --------------------------------------------------------------------------- time and memory
 
 
-BENCH_COLUMNS = ("s", "max_rss")
+#: what Snakemake writes where it could not measure a job's memory (a job too short to sample)
+UNMEASURED = ("-", "NA")
 
 
-def read_benchmark(path: Path) -> dict[str, float]:
-    """Seconds and peak resident memory (MB) of a Snakemake ``benchmark:`` file (its last run)."""
+def read_benchmark(path: Path) -> dict[str, float | None]:
+    """Seconds and peak resident memory (MB; None where Snakemake could not measure it) of a
+    Snakemake ``benchmark:`` file (its last run)."""
     with open(path, newline="") as handle:
         rows = list(csv.DictReader(handle, delimiter="\t"))
     if not rows:
         raise ValueError(f"{path}: a Snakemake benchmark file has a header and a row; this one has no row")
     out = {}
-    for column in BENCH_COLUMNS:
+    for column in ("s", "max_rss"):
         text = rows[-1].get(column)
+        if column == "max_rss" and text in UNMEASURED:
+            out[column] = None
+            continue
         try:
             out[column] = float(text)
         except (TypeError, ValueError):
@@ -370,10 +375,11 @@ def time_rows(spec: Mapping) -> tuple[list[str], list[list[str]]]:
         clients = [read_benchmark(Path(p)) for p in row.get("client", [])]
         server = [read_benchmark(Path(p)) for p in row.get("server", [])]
         seconds = [b["s"] for b in clients]
-        peak = max(b["max_rss"] for b in clients + server)
+        measured = [b["max_rss"] for b in clients + server if b["max_rss"] is not None]
         rows.append(list(row["cells"]) + [
             str(len(clients)), _fmt_s(seconds), "-" if not seconds else f"{max(seconds):.1f}",
-            "-" if not server else f"{sum(b['s'] for b in server):.1f}", f"{peak:,.0f}"])
+            "-" if not server else f"{sum(b['s'] for b in server):.1f}",
+            f"{max(measured):,.0f}" if measured else "-"])
     return columns, rows
 
 
