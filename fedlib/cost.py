@@ -84,16 +84,15 @@ def fedprllm_transfer(model: Path, clients: Sequence[Path], global_file: Path, w
     rounds = []
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         tmp = Path(tmp)
-        masks = [f.masks() for f in files]
         for block in blocks:
             current = [info for info in layers if info.block == block]
             settled = [info for info in layers if info.block < block]
             up = []
-            for f, client_masks in zip(files, masks):
+            for f in files:  # one client's block in memory at a time, as a client sends it
                 path = tmp / f"client_{f.header.client_id}_round{block}.mask.safetensors"
                 with MaskWriter(path, current, **_client_header_fields(f.header)) as writer:
                     for info in current:
-                        writer.add(info.name, client_masks[info.name])
+                        writer.add(info.name, f.layer_mask(info.name))
                 up.append(_upload_sizes(path))
                 path.unlink()
             down = 0
