@@ -132,15 +132,30 @@ def perplexity(data: dict) -> str:
 
 
 def workflow(data: dict) -> str:
-    """Where a `make run` spends its time (benchmarks/workflow_summary.py over its benchmark files)."""
+    """Where a `make run` spends its time (benchmarks/workflow_summary.py over its benchmark files),
+    beside an earlier run's figures when the JSON keeps them (``before``)."""
     rules = sorted(data["rules"].items(), key=lambda kv: -kv[1]["seconds"])
     jobs = sum(r["jobs"] for _, r in rules)
     wall = f"wall time **{data['wall_seconds'] / 60:.1f} min**, " if data.get("wall_seconds") else ""
     lines = [f"`make run`: {jobs} jobs, {wall}{data['job_seconds_total'] / 60:.1f} min of job time. "
-             f"{_provenance(data)}", "",
-             "| rule | jobs | seconds per job | share of job time | peak RSS of a job |", "|---|---|---|---|---|"]
-    lines += [f"| {rule} | {r['jobs']} | {r['seconds'] / r['jobs']:.1f} | {r['share']:.1%} | {r['max_rss_mib']:,.0f} MiB |"
-              for rule, r in rules]
+             f"{_provenance(data)}"]
+    before = data.get("before")
+    if before:
+        old_wall = f"wall time {before['wall_seconds'] / 60:.1f} min, " if before.get("wall_seconds") else ""
+        lines.append(f"Before (commit {before['commit']}, {before['machine']['cpus']} CPUs): "
+                     f"{sum(r['jobs'] for r in before['rules'].values())} jobs, {old_wall}"
+                     f"{before['job_seconds_total'] / 60:.1f} min of job time.")
+        head = "| rule | jobs | seconds per job (before) | seconds per job | share of job time | peak RSS of a job |"
+    else:
+        head = "| rule | jobs | seconds per job | share of job time | peak RSS of a job |"
+    lines += ["", head, "|" + "---|" * head.count(" | ") + "---|"]
+    for rule, r in rules:
+        cells = [rule, str(r["jobs"])]
+        if before:
+            old = before["rules"].get(rule)
+            cells.append(f"{old['seconds'] / old['jobs']:.1f}" if old else "-")
+        cells += [f"{r['seconds'] / r['jobs']:.1f}", f"{r['share']:.1%}", f"{r['max_rss_mib']:,.0f} MiB"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
