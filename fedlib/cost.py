@@ -347,17 +347,15 @@ def read_benchmark(path: Path) -> dict[str, float | None]:
         rows = list(csv.DictReader(handle, delimiter="\t"))
     if not rows:
         raise ValueError(f"{path}: a Snakemake benchmark file has a header and a row; this one has no row")
-    out = {}
-    for column in ("s", "max_rss"):
-        text = rows[-1].get(column)
-        if column == "max_rss" and text in UNMEASURED:
-            out[column] = None
-            continue
+    last = rows[-1]
+
+    def number(column: str) -> float:
         try:
-            out[column] = float(text)
+            return float(last.get(column))
         except (TypeError, ValueError):
-            raise ValueError(f"{path}: field {column!r}: expected a number, got {text!r}") from None
-    return out
+            raise ValueError(f"{path}: field {column!r}: expected a number, got {last.get(column)!r}") from None
+
+    return {"s": number("s"), "max_rss": None if last.get("max_rss") in UNMEASURED else number("max_rss")}
 
 
 def _fmt_s(values: Sequence[float]) -> str:
