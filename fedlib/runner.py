@@ -34,13 +34,18 @@ mask on every device.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from fedlib.models import ModelHandle, block_linears, owner_and_leaf, parse_dtype
+
+if TYPE_CHECKING:
+    from fedlib.methods.base import LayerPruner
 
 # --------------------------------------------------------------------------- placement
 
@@ -386,16 +391,31 @@ class BlockStep:
         return _DeviceBatches(self.runner.states[client], self.runner.placement)
 
     @torch.no_grad()
-    def collect(self, client: int, pruners: Mapping[str, object]) -> None:
+    def collect(self, client: int, pruners: Mapping[str, LayerPruner]) -> None:
         """Dense forward of the client's batches through the block (as it is now), feeding
-        each linear's input to its pruner's ``add_batch``."""
+        each linear's input to its pruner's ``add_batch``. A linear that receives the very same
+        input tensor as an earlier one (q/k/v, gate/up) shares that one's statistics when its
+        pruner allows it (:meth:`~fedlib.methods.base.LayerPruner.adopt_statistics`)."""
+        fed = dict(pruners)  # the pruners the hooks feed
+        first_batch: list[tuple[str, weakref.ref]] | None = []  # weak: a freed tensor's id is reused
+
+        def feed(name: str, x: torch.Tensor) -> None:
+            if first_batch is not None:
+                leader = next((n for n, ref in first_batch if ref() is x and n in fed), None)
+                first_batch.append((name, weakref.ref(x)))
+                if leader is not None and pruners[name].adopt_statistics(pruners[leader]):
+                    del fed[name]
+            if name in fed:
+                fed[name].add_batch(x)
+
         handles = [
-            self.linears[name].register_forward_hook(lambda _m, inp, _out, p=pruner: p.add_batch(inp[0]))
-            for name, pruner in pruners.items()
+            self.linears[name].register_forward_hook(lambda _m, inp, _out, n=name: feed(n, inp[0]))
+            for name in pruners
         ]
         try:
             for hidden in self.inputs(client):
                 run_block(self.block, hidden, self.kwargs)
+                first_batch = None
         finally:
             for handle in handles:
                 handle.remove()

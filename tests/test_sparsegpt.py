@@ -341,3 +341,55 @@ def test_obs_prune_fixed_mask_shape_check():
     u = inverse_cholesky_upper(hd)
     with pytest.raises(ValueError, match="mask shape"):
         obs_prune(torch.randn(3, 8, dtype=torch.float64), u, mask=torch.zeros(3, 7, dtype=bool))
+
+
+# --- linears fed one input share their statistics ----------------------------------------------
+
+
+class _Unshared(SparseGPTUpdatePruner):
+    """The same method with statistics never shared: each linear accumulates its own H."""
+
+    def adopt_statistics(self, other) -> bool:
+        return False
+
+
+def test_linears_fed_one_input_share_one_hessian(model):
+    """q/k/v and gate/up of a block see one input tensor: after collect they hold one Gram sum,
+    equal to 2/n X^T X of the inputs captured independently by hooks; the others hold their own."""
+    from fedlib.runner import CPU, BlockRunner
+
+    ids = torch.randint(0, 128, (6, 16), generator=torch.Generator().manual_seed(3))
+    step = next(iter(BlockRunner(model, [ids], CPU, batch_size=4).steps()))
+    captured = {name: [] for name in step.linears}
+    hooks = [lin.register_forward_hook(lambda _m, inp, _o, n=name: captured[n].append(inp[0].detach().clone()))
+             for name, lin in step.linears.items()]
+    pruners = {name: SparseGPTUpdatePruner(lin, name) for name, lin in step.linears.items()}
+    step.collect(0, pruners)
+    for h in hooks:
+        h.remove()
+    groups = {}
+    for name, p in pruners.items():
+        groups.setdefault(id(p.stats), set()).add(name.rsplit(".", 1)[-1])
+    assert sorted(map(sorted, groups.values())) == [
+        ["down_proj"], ["gate_proj", "up_proj"], ["k_proj", "q_proj", "v_proj"], ["o_proj"]]
+    for name, p in pruners.items():
+        x = torch.cat(captured[name]).reshape(-1, p.layer.in_features).double()
+        assert x.shape[0] == 6 * 16
+        torch.testing.assert_close(p.hessian(), 2.0 / x.shape[0] * x.T @ x, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("method,group", [("sparsegpt_update", "layer"), ("sparsegpt_update", "2:4"),
+                                          ("sparsegpt", "row")])
+def test_shared_statistics_give_the_masks_of_unshared_ones(model, method, group):
+    """Sharing is bit-exact: masks and updated weights equal those of pruners that each
+    accumulate and factorise their own Hessian."""
+    from fedlib.client import prune_locally
+
+    unshared = type("U", (_Unshared,), {"update": method == "sparsegpt_update"})
+    ids = torch.randint(0, 128, (6, 16), generator=torch.Generator().manual_seed(4))
+    a = prune_locally(model, ids, method, 0.5, group, 0, batch_size=4)
+    b = prune_locally(model, ids, unshared, 0.5, group, 0, batch_size=4)
+    assert a.masks.keys() == b.masks.keys() and a.weights.keys() == b.weights.keys()
+    assert all(torch.equal(a.masks[k], b.masks[k]) for k in a.masks)
+    assert all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)
+    assert len(a.weights) == (len(a.masks) if method == "sparsegpt_update" else 0)

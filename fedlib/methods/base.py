@@ -69,6 +69,14 @@ class LayerPruner:
     def add_batch(self, inp: torch.Tensor) -> None:
         """Accumulate statistics from ``inp`` (..., in_features), the layer's input."""
 
+    def adopt_statistics(self, other: "LayerPruner") -> bool:
+        """Use ``other``'s statistics (shared from now on) instead of accumulating its own:
+        offered by the runner when this layer receives the very same input tensor as
+        ``other``'s did just before, in the first batch (q/k/v, gate/up), so ``other`` already
+        holds this input. True if adopted: the runner then feeds ``other`` only. By default
+        statistics are not shared (False)."""
+        return False
+
     def scores(self) -> torch.Tensor:
         """Importance of each weight (out_features, in_features); the lowest are pruned."""
         raise NotImplementedError

@@ -27,7 +27,9 @@ a float32 sum over 10^5 tokens loses about 3 of its 7 digits and depends on how 
 set was cut into batches, while clients in a federation must get reproducible masks from the
 same data; the Cholesky factorisations and the update then run in the same dtype. ``dtype=
 "float32"`` is the reference's precision and halves memory (a GPU with 11008-wide inputs holds
-a 1 GB float64 Hessian per ``down_proj``).
+a 1 GB float64 Hessian per ``down_proj``). Linears fed the same input tensor (q/k/v, gate/up)
+share one Gram sum and its factorisations (:class:`InputGram`; the reference computes each
+once per linear): the same numbers, computed once.
 
 As in the reference: inputs that are zero on every calibration token ("dead", ``H_jj == 0``)
 get ``H_jj = 1`` and their weights are treated as zero (score 0, so they are pruned first and
@@ -166,6 +168,9 @@ def obs_prune(
                 raise ValueError(f"{name}: blocksize {blocksize} is not a multiple of M={m}")
     loss = torch.zeros((), dtype=W.dtype, device=device)
 
+    # The column loop works on the block transposed (columns as contiguous rows) and with a
+    # few in-place operations per column: it is Python-bound at these sizes. Every weight still
+    # gets the reference's sequence of roundings (``w -= err * u``, then the column set to q).
     done_cols = 0  # columns before the current block, for the cumulative budgets
     for b, i1 in enumerate(range(0, cols, blocksize)):
         i2 = min(i1 + blocksize, cols)
@@ -174,7 +179,6 @@ def obs_prune(
         U1 = hinv_upper[i1:i2, i1:i2]
         d = U1.diagonal()
         M1 = full_mask[:, i1:i2]  # a view: selections write through to full_mask
-        Err1 = torch.zeros_like(W1)
 
         if not fixed and group in ("layer", "row"):
             scores = W1.pow(2) / d.pow(2).reshape(1, -1)
@@ -186,26 +190,62 @@ def obs_prune(
                 s_b = sparsity_for_count(k, count)
             M1.copy_(prune_lowest(scores, s_b, group, seed, f"{name}#block{b}"))
 
+        T = W1.T.contiguous()  # (count, rows): T[i] is column i
+        pruned_t = M1.T.contiguous()
+        kept_t = ~pruned_t
+        err_t = torch.empty_like(T)
+        product = torch.empty_like(T)  # the update's buffer, reused by every column
+        cols_t, pruned_rows, kept_rows, err_rows = T.unbind(), pruned_t.unbind(), kept_t.unbind(), err_t.unbind()
+        d_values = d.unbind()
+        u_rows = U1.unsqueeze(-1)  # u_rows[i, j:] is U1[i, j:] as a column, broadcast over rows
         for i in range(count):
             if not fixed and (group == "column" or (m and i % m == 0)):
                 width = 1 if group == "column" else m
-                sub = W1[:, i : i + width].pow(2) / d[i : i + width].pow(2).reshape(1, -1)
-                M1[:, i : i + width] = prune_lowest(
-                    sub, sparsity, group, seed, f"{name}#col{i1 + i}"
-                ).to(device)
-            w = W1[:, i]
-            q = w.masked_fill(M1[:, i], 0.0)
-            err = (w - q) / d[i]
-            loss += err.pow(2).sum() / 2
-            # OBS update of the not-yet-fixed columns of this block (column i itself becomes q)
-            W1[:, i + 1 :] -= err.unsqueeze(1) * U1[i, i + 1 :].unsqueeze(0)
-            W1[:, i] = q
-            Err1[:, i] = err
-        W[:, i1:i2] = W1
-        # lazy batch update of all later blocks
-        W[:, i2:] -= Err1 @ hinv_upper[i1:i2, i2:]
+                sub = T[i : i + width].T.pow(2) / d[i : i + width].pow(2).reshape(1, -1)
+                chosen = prune_lowest(sub, sparsity, group, seed, f"{name}#col{i1 + i}").to(device)
+                pruned_t[i : i + width] = chosen.T
+                kept_t[i : i + width] = ~chosen.T
+            # err = (w - q) / U_ii with q = w at the pruned entries set to 0: w - q is w there
+            # and exactly 0 elsewhere
+            w, err = cols_t[i], err_rows[i]
+            torch.div(w.masked_fill(kept_rows[i], 0.0), d_values[i], out=err)
+            # OBS update of the not-yet-fixed columns of this block, then column i becomes q
+            step = torch.mul(u_rows[i, i + 1 :], err, out=product[i + 1 :])
+            T[i + 1 :].sub_(step)
+            w.masked_fill_(pruned_rows[i], 0.0)
+        loss += err_t.pow(2).sum() / 2
+        W[:, i1:i2] = T.T
+        M1.copy_(pruned_t.T)
+        # lazy batch update of all later blocks (the errors in (rows, count) layout, as the
+        # reference multiplies them)
+        W[:, i2:] -= err_t.T.contiguous() @ hinv_upper[i1:i2, i2:]
         done_cols = i2
     return W, full_mask.cpu(), float(loss)
+
+
+class InputGram:
+    """``sum_t x_t x_t^T`` over the calibration tokens of one layer input, and the
+    factorisations derived from it (cached: linears that share the input share them)."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.xxt: torch.Tensor | None = None  # allocated on the inputs' device
+        self.n_tokens = 0
+        self._cache: dict = {}
+
+    def add(self, inp: torch.Tensor) -> None:
+        x = inp.detach().reshape(-1, inp.shape[-1]).to(self.dtype)
+        if self.xxt is None:
+            self.xxt = torch.zeros(x.shape[1], x.shape[1], dtype=self.dtype, device=x.device)
+        x = x.to(self.xxt.device)
+        self.xxt.addmm_(x.T, x)
+        self.n_tokens += x.shape[0]
+        self._cache.clear()
+
+    def cached(self, key, compute):
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
 
 
 class SparseGPTPruner(LayerPruner):
@@ -238,34 +278,61 @@ class SparseGPTPruner(LayerPruner):
         self.blocksize = int(blocksize)
         self.dtype = _DTYPES[dtype]
         self.metric_diag = metric_diag
-        self.xxt: torch.Tensor | None = None  # sum of x x^T, allocated on the inputs' device
-        self.n_tokens = 0
+        self.stats = InputGram(self.dtype)
         #: update mode: 1/2 * sum of the OBS errors (reconstruction error under the damped H)
         self.loss: float | None = None
 
     # -- statistics ---------------------------------------------------------------------------
 
     def add_batch(self, inp: torch.Tensor) -> None:
-        x = inp.detach().reshape(-1, inp.shape[-1]).to(self.dtype)
-        if x.shape[1] != self.layer.in_features:
+        if inp.shape[-1] != self.layer.in_features:
             raise ValueError(
-                f"{self.layer_name}: input width {x.shape[1]} != "
+                f"{self.layer_name}: input width {inp.shape[-1]} != "
                 f"in_features {self.layer.in_features}"
             )
-        if self.xxt is None:
-            self.xxt = torch.zeros(x.shape[1], x.shape[1], dtype=self.dtype, device=x.device)
-        x = x.to(self.xxt.device)
-        self.xxt.addmm_(x.T, x)
-        self.n_tokens += x.shape[0]
+        self.stats.add(inp)
+
+    def adopt_statistics(self, other: LayerPruner) -> bool:
+        """Linears fed the same input (q/k/v, gate/up) share one Gram sum and its
+        factorisations: same H, computed once (when their precisions match)."""
+        if not isinstance(other, SparseGPTPruner) or other.dtype != self.dtype:
+            return False
+        self.stats = other.stats
+        return True
 
     def hessian(self) -> torch.Tensor:
         """``H = 2/n * sum_t x_t x_t^T`` (undamped)."""
-        if self.n_tokens == 0 or self.xxt is None:
+        if self.stats.n_tokens == 0:
             raise RuntimeError(f"{self.layer_name}: SparseGPT needs calibration inputs, saw none")
-        return self.xxt * (2.0 / self.n_tokens)
+        return self.stats.xxt * (2.0 / self.stats.n_tokens)
 
-    def _weight(self, device: torch.device) -> torch.Tensor:
-        return self.layer.weight.detach().to(device=device, dtype=self.dtype).clone()
+    def _upper_factor(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(U, dead)`` of the damped Hessian (:func:`inverse_cholesky_upper`)."""
+
+        def compute():
+            hd, dead = damped_hessian(self.hessian(), self.percdamp)
+            return inverse_cholesky_upper(hd, self.layer_name), dead
+
+        return self.stats.cached(("upper", self.percdamp), compute)
+
+    def _metric_diagonal(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(diag, dead)``: the mask-only metric's denominator per input column."""
+        if self.metric_diag == "cholesky":
+            upper, dead = self._upper_factor()
+            return upper.diagonal().pow(2), dead
+
+        def compute():
+            hd, dead = damped_hessian(self.hessian(), self.percdamp)
+            return inverse_hessian(hd, self.layer_name).diagonal().clone(), dead
+
+        return self.stats.cached(("inverse-diagonal", self.percdamp), compute)
+
+    def _weight(self, dead: torch.Tensor) -> torch.Tensor:
+        """The layer's weights in this pruner's precision, on the statistics' device, with the
+        columns of dead inputs set to 0."""
+        W = self.layer.weight.detach().to(device=dead.device, dtype=self.dtype).clone()
+        W[:, dead] = 0.0
+        return W
 
     # -- mask-only metric ---------------------------------------------------------------------
 
@@ -273,13 +340,8 @@ class SparseGPTPruner(LayerPruner):
         """The non-sequential metric ``W^2 / [(H + lambda I)^-1]_jj`` (or ``/ U_jj^2`` with
         ``metric_diag="cholesky"``) from the original weights; dead inputs score 0. Float32, CPU,
         (out_features, in_features)."""
-        hd, dead = damped_hessian(self.hessian(), self.percdamp)
-        if self.metric_diag == "inverse":
-            diag = inverse_hessian(hd, self.layer_name).diagonal()
-        else:
-            diag = inverse_cholesky_upper(hd, self.layer_name).diagonal().pow(2)
-        W = self._weight(hd.device)
-        W[:, dead] = 0.0
+        diag, dead = self._metric_diagonal()
+        W = self._weight(dead)
         return (W.pow(2) / diag.reshape(1, -1)).to(device="cpu", dtype=torch.float32)
 
     # -- pruning ------------------------------------------------------------------------------
@@ -287,12 +349,9 @@ class SparseGPTPruner(LayerPruner):
     def prune(self, sparsity: float, group: str, seed: int) -> torch.Tensor:
         if not self.update:
             return prune_lowest(self.scores(), sparsity, group, seed, self.layer_name)
-        hd, dead = damped_hessian(self.hessian(), self.percdamp)
-        hinv_upper = inverse_cholesky_upper(hd, self.layer_name)
-        W = self._weight(hd.device)
-        W[:, dead] = 0.0
+        hinv_upper, dead = self._upper_factor()
         new_w, mask, loss = obs_prune(
-            W,
+            self._weight(dead),
             hinv_upper,
             sparsity=sparsity,
             group=group,
@@ -308,12 +367,9 @@ class SparseGPTPruner(LayerPruner):
         """SparseGPT's OBS update for a given mask (True = pruned), without selecting one:
         returns the compensated weights (float32, CPU; zeros where pruned) and sets
         :attr:`loss`. Neither ``self.layer.weight`` nor ``updated_weight`` is changed."""
-        hd, dead = damped_hessian(self.hessian(), self.percdamp)
-        hinv_upper = inverse_cholesky_upper(hd, self.layer_name)
-        W = self._weight(hd.device)
-        W[:, dead] = 0.0
+        hinv_upper, dead = self._upper_factor()
         new_w, _, loss = obs_prune(
-            W, hinv_upper, name=self.layer_name, blocksize=self.blocksize, mask=mask
+            self._weight(dead), hinv_upper, name=self.layer_name, blocksize=self.blocksize, mask=mask
         )
         self.loss = loss
         return new_w.to(device="cpu", dtype=torch.float32)
