@@ -339,6 +339,8 @@ def _check_model_sizes(cfg: dict, model: dict, problems: _Problems) -> None:
         lengths = [("calibration.seqlen", cfg["calibration"]["seqlen"]), ("evaluation.seqlen", cfg["evaluation"]["seqlen"])]
         for size, by_analysis in sizes(cfg).items():
             lengths.append((_privacy_key(cfg, size, "membership", "seqlen"), by_analysis["membership"]["seqlen"]))
+            if size == "run":
+                lengths += [("privacy.membership_scale.sizes", t) for _, t in by_analysis["membership_scale"]["sizes"]]
             key = _privacy_key(cfg, size, "inversion", "tokens")
             lengths += [(key, t) for t in by_analysis["inversion"]["tokens"]]
         for key, length in lengths:
@@ -368,6 +370,17 @@ def _privacy_key(cfg: dict, size: str, analysis: str, name: str) -> str:
     return f"privacy.full.{analysis}.{name}" if size == "full" and name in full else f"privacy.{analysis}.{name}"
 
 
+def _check_membership_scale(sc: dict, problems: _Problems) -> None:
+    """A game draws data sets of ``samples`` rows besides the target from the population."""
+    population = f"privacy.membership_scale.population = {sc['population']}"
+    if sc["targets"] > sc["population"]:
+        problems.add("privacy.membership_scale.targets", sc["targets"], f"at most {population}",
+                     "the targets are the population's first rows")
+    for samples, seqlen in sc["sizes"]:
+        if samples >= sc["population"]:
+            problems.add("privacy.membership_scale.sizes", [samples, seqlen], f"samples less than {population}")
+
+
 def _check_privacy(cfg: dict, problems: _Problems) -> None:
     """The audit runs on the default setting (part of rule all): client 0's neighbours take
     replacement samples from the other clients; the membership game draws data sets of the
@@ -393,6 +406,8 @@ def _check_privacy(cfg: dict, problems: _Problems) -> None:
         eps = by_analysis["dp"]["epsilons"]
         if not all(math.isfinite(e) for e in eps) or len(set(eps)) != len(eps):
             problems.add(_privacy_key(cfg, size, "dp", "epsilons"), eps, "distinct finite ε (the table adds ∞, no DP)")
+        if size == "run":
+            _check_membership_scale(by_analysis["membership_scale"], problems)
         m = by_analysis["membership"]
         samples = privacy.membership_samples(size)
         population = f"{_privacy_key(cfg, size, 'membership', 'population')} = {m['population']}"

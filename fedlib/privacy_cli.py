@@ -11,6 +11,7 @@ Building the ``fedlib`` parser must not import torch: the handlers import their 
     fedlib privacy inversion    --model M --texts T16.safetensors ... --out X.json
     fedlib privacy rr-aggregate --model M --epsilon E --group layer --out G.mask.safetensors --record X.json MASKS...
     fedlib privacy report       --spec JSON
+    fedlib privacy scale-report --spec JSON
 
 The verbs that compute masks (similarity, sensitivity, membership, secagg) take the clients' pruning
 options, ``--method-options`` included (JSON, as ``fedlib client-mask --method-options``).
@@ -170,6 +171,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("report", help="write the privacy report tables (Markdown + CSV) and plots from results")
     p.add_argument("--spec", required=True, help="JSON: context, output names and result files per analysis")
+
+    p = sub.add_parser("scale-report", help="the membership attack on the whole mask at realistic sizes, per seed "
+                       "and pooled")
+    p.add_argument("--spec", required=True, help="JSON: context, output folder, per size the membership files of "
+                                                 "its seeds (fedlib.privacy.audit_report.membership_scale_table)")
 
     p = sub.add_parser("dp-report", help="the DP client mechanism's table: proven vs audited ε, and perplexity")
     p.add_argument("--spec", required=True, help="JSON: context, output names, per ε the client mask, eval and "
@@ -348,6 +354,13 @@ def _cmd_dp_report(args) -> None:
         print(f"wrote {path}")
 
 
+def _cmd_scale_report(args) -> None:
+    from fedlib.privacy.audit_report import membership_scale_table
+
+    for path in membership_scale_table(json.loads(args.spec)):
+        print(f"wrote {path}")
+
+
 def _cmd_report(args) -> None:
     from fedlib.privacy.audit_report import write_reports
 
@@ -360,6 +373,7 @@ COMMANDS = {
     "membership": _cmd_membership, "secagg": _cmd_secagg, "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
     "report": _cmd_report,
     "dp-report": _cmd_dp_report,
+    "scale-report": _cmd_scale_report,
 }
 
 

@@ -387,6 +387,17 @@ def test_membership_game_sizes():
     assert_refused(config, "privacy.full.membership.targets", 20, "at most privacy.membership.population = 8")
 
 
+def test_membership_scale_sizes():
+    scale = {"sizes": [[2, 16]], "seeds": [0], "targets": 4, "pairs": 2, "population": 8}
+    check(config_with(("privacy.membership_scale", scale)))
+    assert_refused(config_with(("privacy.membership_scale", {**scale, "targets": 9})),
+                   "privacy.membership_scale.targets", 9, "at most privacy.membership_scale.population = 8")
+    assert_refused(config_with(("privacy.membership_scale", {**scale, "sizes": [[2, 16], [8, 16]]})),
+                   "privacy.membership_scale.sizes", [8, 16], "samples less than privacy.membership_scale.population = 8")
+    with pytest.raises(WorkflowError):  # the schema: [samples, tokens] pairs
+        check(config_with(("privacy.membership_scale.sizes", [[2]])))
+
+
 def test_catalog_refusals_are_listed_with_the_rest():
     config = config_with(("studies.fedspallm", {"clients": [2], "standalone_clients": 1, "resources": [0.5] * 3}),
                          ("privacy.defence", {"epsilons": [1], "group": "layer", "datasets": ["wikitext2", "c4"]}),

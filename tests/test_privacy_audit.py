@@ -3,6 +3,8 @@ the wiring of the library into masks, files, attacks, the defence and the report
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 
@@ -305,3 +307,35 @@ def test_secagg_audit_sums_cohorts_and_reports(model, tmp_path):
     assert md.startswith("# Privacy audit 7") and "pool of 16 clients" in md
     rows = (tmp_path / "privacy_secagg.csv").read_text().splitlines()
     assert rows[-4].startswith("1,") and rows[-1].startswith("16,")
+
+
+def test_membership_scale_table_pools_the_seeds_games(model, tmp_path):
+    """Per-seed rows are each game's attack; the pooled row's AUC is the Mann-Whitney AUC of all
+    games' scores together, computed here by brute force; a game of another size is refused."""
+    from fedlib.privacy.audit_report import membership_scale_table
+
+    pop = _ids(10, seqlen=8, seed=5)
+    files = []
+    for seed in (0, 1):
+        res = membership_audit(model, pop, targets=4, samples=2, pairs=2, blocks=None, seed=seed)
+        files.append(tmp_path / f"seed{seed}.json")
+        files[-1].write_text(json.dumps(res))
+    games = [json.loads(f.read_text()) for f in files]
+    assert all(g["blocks"] is None and g["observed_layers"] == 14 for g in games)
+    spec = {"context": {"model": "tiny", "seed": 0}, "out_dir": str(tmp_path),
+            "sizes": [{"samples": 2, "seqlen": 8, "results": [str(f) for f in files]}]}
+    paths = membership_scale_table(spec)
+    rows = list(csv.reader(io.StringIO(paths[1].read_text())))
+    body = [r for r in rows if r and r[0] == "2 × 8"]
+    assert [r[1] for r in body][:2] == ["0", "1"] and body[2][1].startswith("pooled, 2 seeds")
+    for row, game in zip(body, games):
+        assert row[3].startswith(f"{game['attack']['auc']:.3f}")
+    members = [s for g in games for s in g["scores_members"]]
+    nonmembers = [s for g in games for s in g["scores_nonmembers"]]
+    wins = sum((m > n) + 0.5 * (m == n) for m in members for n in nonmembers)
+    assert body[2][3].startswith(f"{wins / (len(members) * len(nonmembers)):.3f}")
+    assert body[2][2] == "8 / 8"
+
+    spec["sizes"][0]["seqlen"] = 16
+    with pytest.raises(ValueError, match="seed0.json: a game of 2 x 8 tokens"):
+        membership_scale_table(spec)

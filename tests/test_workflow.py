@@ -297,3 +297,22 @@ def test_test_fixture_is_what_its_script_writes(tmp_path):
         assert (TEST_DIR / "model" / name).read_text() == (tmp_path / "model" / name).read_text(), name
     fresh, committed = load_file(tmp_path / "model" / "model.safetensors"), load_file(TEST_DIR / "model" / "model.safetensors")
     assert fresh.keys() == committed.keys() and all(fresh[k].equal(committed[k]) for k in fresh)
+
+
+def test_membership_scale_target_runs(tmp_path):
+    """privacy_membership_scale: one game per seed on the whole mask, then the table with a row per
+    seed and the pooled row; each game's JSON is the size the config asked for."""
+    import json
+
+    copy_test_dir(tmp_path)
+    snakemake(tmp_path, "privacy_membership_scale", "--configfile", "config.yaml")
+    games = sorted(tmp_path.glob("results/privacy/*/*/*/membership_scale/2x16/seed*.json"))
+    assert [g.name for g in games] == ["seed0.json", "seed1.json"]
+    for seed, path in enumerate(games):
+        res = json.loads(path.read_text())
+        assert (res["seed"], res["samples"], res["seqlen"], res["blocks"], res["targets"], res["pairs"]) == \
+            (seed, 2, 16, None, 2, 2)
+        assert res["population"] == 6 and res["observed_layers"] == 14
+    rows = list(csv.reader((tmp_path / "reports" / "privacy_membership_scale.csv").open()))
+    assert [r[1].split(",")[0] for r in rows[1:]] == ["0", "1", "pooled"]
+    assert rows[3][2] == "4 / 4"

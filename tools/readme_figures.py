@@ -351,6 +351,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
         ("table12-run", "reports/table12_run.csv"),
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
         ("privacy-secagg", "reports/privacy_secagg.csv"),
+        ("privacy-membership-scale", "reports/privacy_membership_scale.csv"),
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
 }

@@ -19,6 +19,7 @@ DEFAULTS = {
                   "tiny": [1, 2, 3]},
     "defence": {"epsilons": [1, 4], "group": "layer", "datasets": ["wikitext2"]},
     "dp": {"epsilons": [8, 64, 512], "delta": 1e-5, "clip": 1.0, "clients": 4},
+    "membership_scale": {"sizes": [[2, 512]], "seeds": [0, 1, 2], "targets": 16, "pairs": 4, "population": 64},
 }
 ANALYSES = ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence")
 SIZES = ("run", "full")
@@ -75,10 +76,12 @@ class PrivacyCatalog:
     def shard(self, i: int) -> str:
         return f"{self.results}/shards/{self.calib}/{self.split}/client_{i}.safetensors"
 
-    def pruning_args(self) -> str:
-        """How the audit's own pruning jobs (similarity draws, sensitivity, membership shadows) prune."""
+    def pruning_args(self, seed: int | None = None) -> str:
+        """How the audit's own pruning jobs (similarity draws, sensitivity, membership shadows) prune;
+        ``seed`` (default: the config's) is the tie-break seed, and a membership game's."""
         p = self._prune
-        args = f"--method {p.method} --sparsity {p.sparsity} --group {self.group} --seed {self.catalog.config['seed']}"
+        seed = self.catalog.config["seed"] if seed is None else int(seed)
+        args = f"--method {p.method} --sparsity {p.sparsity} --group {self.group} --seed {seed}"
         options = self.catalog.method_options_arg(p.method)
         return f"{args} {options}" if options else args
 
@@ -189,6 +192,29 @@ class PrivacyCatalog:
                                "eval": f"{setting}/{eps}/eval.json", "membership": f"{setting}/{eps}/membership.json"}
                          for eps in self.dp_settings(size)},
         }
+
+    # -- membership at realistic sizes (target privacy_membership_scale) ------------------------
+
+    def scale(self) -> dict:
+        return self.of("run", "membership_scale")
+
+    def scale_population(self, seqlen: int) -> str:
+        return f"{self.results}/pools/{Calib(self._calib.dataset, self.scale()['population'], int(seqlen))}.safetensors"
+
+    def scale_json(self, samples: int, seqlen: int, seed: int) -> str:
+        return f"{self.base}/membership_scale/{samples}x{seqlen}/seed{seed}.json"
+
+    def scale_spec(self) -> dict:
+        sc = self.scale()
+        return {
+            "context": self.catalog.report_context(self.calib, self.split, self.prune),
+            "out_dir": self.catalog.reports, "dataset": self._calib.dataset,
+            "sizes": [{"samples": int(n), "seqlen": int(t),
+                       "results": [self.scale_json(n, t, seed) for seed in sc["seeds"]]} for n, t in sc["sizes"]],
+        }
+
+    def scale_outputs(self) -> list[str]:
+        return [f"{self.catalog.reports}/privacy_membership_scale.{ext}" for ext in ("md", "csv", "html")]
 
     def dp_outputs(self, size: str) -> list[str]:
         suffix = "" if size == "run" else "_full"

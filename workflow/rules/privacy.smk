@@ -411,3 +411,62 @@ rule privacy_dp_full:
     """The DP table at the full audit's sizes (privacy.full)."""
     input:
         PRIVACY.dp_outputs("full"),
+
+
+rule privacy_membership_scale_game:
+    """One seed's membership game against the client's whole mask, client data of {samples} x {seqlen} tokens."""
+    input:
+        model=MODEL_READY,
+        population=lambda wc: PRIVACY.scale_population(wc.seqlen),
+    output:
+        PRIVACY.scale_json("{samples}", "{seqlen}", "{seed}"),
+    log:
+        f"{LOGS}/privacy/membership_scale/{{samples}}x{{seqlen}}/seed{{seed}}.log",
+    benchmark:
+        f"{BENCH}/privacy/membership_scale/{{samples}}x{{seqlen}}/seed{{seed}}.tsv"
+    wildcard_constraints:
+        samples="[0-9]+",
+        seqlen="[0-9]+",
+        seed="[0-9]+",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["population"]),
+        gpu=MODEL_JOB_GPUS,
+    params:
+        model=model_folder,
+        pruning=lambda wc: PRIVACY.pruning_args(seed=wc.seed),
+        targets=PRIVACY.scale()["targets"],
+        pairs=PRIVACY.scale()["pairs"],
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
+    shell:
+        "python -m fedlib privacy membership --model {params.model} {params.pruning} --population {input.population} "
+        "--targets {params.targets} --samples {wildcards.samples} --pairs {params.pairs} --blocks all "
+        "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
+
+
+rule privacy_membership_scale_report:
+    input:
+        [f for size in PRIVACY.scale_spec()["sizes"] for f in size["results"]],
+    output:
+        PRIVACY.scale_outputs(),
+    log:
+        f"{LOGS}/report/privacy_membership_scale.log",
+    benchmark:
+        f"{BENCH}/report/privacy_membership_scale.tsv"
+    localrule: True
+    conda:
+        "../../envs/fedlib.yaml"
+    params:
+        spec=json.dumps(PRIVACY.scale_spec()),
+    shell:
+        "python -m fedlib privacy scale-report --spec {params.spec:q} > {log} 2>&1"
+
+
+rule privacy_membership_scale:
+    """Membership against the whole mask at realistic client sizes, per seed (reports/privacy_membership_scale.*;
+    not part of rule all)."""
+    input:
+        PRIVACY.scale_outputs(),
