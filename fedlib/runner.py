@@ -395,7 +395,8 @@ class BlockStep:
         """Dense forward of the client's batches through the block (as it is now), feeding
         each linear's input to its pruner's ``add_batch``. A linear that receives the very same
         input tensor as an earlier one (q/k/v, gate/up) shares that one's statistics when its
-        pruner allows it (:meth:`~fedlib.methods.base.LayerPruner.adopt_statistics`)."""
+        pruner allows it (:meth:`~fedlib.methods.base.LayerPruner.adopt_statistics`); the offer
+        is made in every call, so pruners collected twice stay shared and fed once."""
         fed = dict(pruners)  # the pruners the hooks feed
         first_batch: list[tuple[str, weakref.ref]] | None = []  # weak: a freed tensor's id is reused
 

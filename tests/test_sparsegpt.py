@@ -376,6 +376,9 @@ def test_linears_fed_one_input_share_one_hessian(model):
         x = torch.cat(captured[name]).reshape(-1, p.layer.in_features).double()
         assert x.shape[0] == 6 * 16
         torch.testing.assert_close(p.hessian(), 2.0 / x.shape[0] * x.T @ x, rtol=1e-12, atol=1e-12)
+    step.collect(0, pruners)  # collected again: still shared, each input counted once more
+    assert {p.stats.n_tokens for p in pruners.values()} == {2 * 6 * 16}
+    assert len({id(p.stats) for p in pruners.values()}) == 4
 
 
 @pytest.mark.parametrize("method,group", [("sparsegpt_update", "layer"), ("sparsegpt_update", "2:4"),

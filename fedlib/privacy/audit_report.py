@@ -681,11 +681,10 @@ def membership_scale_table(spec: dict) -> list[Path]:
             aucs.append(a["auc"])
             rows.append([f"{res['samples']} × {res['seqlen']}", str(res["seed"]), f"{a['n_members']} / {a['n_nonmembers']}"]
                         + _attack_row("", a, res["fprs"])[1:] + [num(res["signal_strength"]["ratio"], 2)])
-        first = games[-1]
-        pooled = attack_summary(members, nonmembers, first["fprs"], first["confidence"], seed=0)
+        pooled = attack_summary(members, nonmembers, res["fprs"], res["confidence"], seed=0)
         spread = f" (per-seed AUC mean {np.mean(aucs):.3f}, sd {np.std(aucs, ddof=1):.3f})" if len(aucs) > 1 else ""
         rows.append([f"{size['samples']} × {size['seqlen']}", f"pooled, {len(aucs)} seed{_s(len(aucs))}{spread}",
-                     f"{len(members)} / {len(nonmembers)}"] + _attack_row("", pooled, first["fprs"])[1:] + ["-"])
+                     f"{len(members)} / {len(nonmembers)}"] + _attack_row("", pooled, res["fprs"])[1:] + ["-"])
     g = games[0]
     fprs = g["fprs"]
     header = provenance(spec["context"], g["model_fingerprint"]) + [
