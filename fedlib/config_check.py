@@ -339,10 +339,9 @@ def _check_model_sizes(cfg: dict, model: dict, problems: _Problems) -> None:
         lengths = [("calibration.seqlen", cfg["calibration"]["seqlen"]), ("evaluation.seqlen", cfg["evaluation"]["seqlen"])]
         for size, by_analysis in sizes(cfg).items():
             lengths.append((_privacy_key(cfg, size, "membership", "seqlen"), by_analysis["membership"]["seqlen"]))
-            if size == "run":
-                lengths += [("privacy.membership_scale.sizes", t) for _, t in by_analysis["membership_scale"]["sizes"]]
             key = _privacy_key(cfg, size, "inversion", "tokens")
             lengths += [(key, t) for t in by_analysis["inversion"]["tokens"]]
+        lengths += [("privacy.membership_scale.sizes", t) for _, t in sizes(cfg)["run"]["membership_scale"]["sizes"]]
         for key, length in lengths:
             if length > context:
                 problems.add(key, length, f"at most {context} tokens, the context of {name} "
@@ -402,12 +401,11 @@ def _check_privacy(cfg: dict, problems: _Problems) -> None:
             if neighbours > others:
                 problems.add(_privacy_key(cfg, size, "sensitivity", "neighbours"), neighbours,
                              f"at most {others}, the calibration samples of clients 1..{n - 1}")
+    _check_membership_scale(privacy.scale(), problems)
     for size, by_analysis in privacy.sizes.items():
         eps = by_analysis["dp"]["epsilons"]
         if not all(math.isfinite(e) for e in eps) or len(set(eps)) != len(eps):
             problems.add(_privacy_key(cfg, size, "dp", "epsilons"), eps, "distinct finite ε (the table adds ∞, no DP)")
-        if size == "run":
-            _check_membership_scale(by_analysis["membership_scale"], problems)
         m = by_analysis["membership"]
         samples = privacy.membership_samples(size)
         population = f"{_privacy_key(cfg, size, 'membership', 'population')} = {m['population']}"

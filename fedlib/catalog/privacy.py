@@ -112,13 +112,17 @@ class PrivacyCatalog:
         eps |= {float(e) for e in self.of(size, "defence").get("epsilons") or []}
         return sorted(eps)
 
+    def pool(self, dataset: str, nsamples: int, seqlen: int) -> str:
+        """The token file of ``nsamples`` windows of ``seqlen`` tokens of ``dataset`` (rule calibration_pool)."""
+        return f"{self.results}/pools/{Calib(dataset, nsamples, seqlen)}.safetensors"
+
     def population(self, size: str) -> str:
         m = self.of(size, "membership")
-        return f"{self.results}/pools/{Calib(self._calib.dataset, m['population'], m['seqlen'])}.safetensors"
+        return self.pool(self._calib.dataset, m["population"], m["seqlen"])
 
     def inversion_texts(self, size: str) -> list[str]:
         inv = self.of(size, "inversion")
-        return [f"{self.results}/pools/{Calib(self._calib.dataset, inv['texts'], t)}.safetensors" for t in inv["tokens"]]
+        return [self.pool(self._calib.dataset, inv["texts"], t) for t in inv["tokens"]]
 
     def prior_pool(self, size: str) -> list[str]:
         """Public text for the attacker's unigram prior: WikiText-2 windows (not the clients' C4);
@@ -126,7 +130,7 @@ class PrivacyCatalog:
         inv = self.of(size, "inversion")
         if not inv["prior_samples"]:
             return []
-        return [f"{self.results}/pools/{Calib('wikitext2', inv['prior_samples'], self._calib.seqlen)}.safetensors"]
+        return [self.pool("wikitext2", inv["prior_samples"], self._calib.seqlen)]
 
     def replacement_shards(self, size: str) -> list[str]:
         """Other clients' shards: the samples that replace one of client 0's."""
@@ -199,7 +203,7 @@ class PrivacyCatalog:
         return self.of("run", "membership_scale")
 
     def scale_population(self, seqlen: int) -> str:
-        return f"{self.results}/pools/{Calib(self._calib.dataset, self.scale()['population'], int(seqlen))}.safetensors"
+        return self.pool(self._calib.dataset, self.scale()["population"], int(seqlen))
 
     def scale_json(self, samples: int, seqlen: int, seed: int) -> str:
         return f"{self.base}/membership_scale/{samples}x{seqlen}/seed{seed}.json"

@@ -666,7 +666,7 @@ def membership_scale_table(spec: dict) -> list[Path]:
     "seqlen", "results": [membership JSON per seed]}]}."""
     from fedlib.privacy.stages.membership import attack_summary
 
-    rows, games = [], []
+    rows, first = [], None
     for size in spec["sizes"]:
         members, nonmembers, aucs = [], [], []
         for path in size["results"]:
@@ -674,7 +674,7 @@ def membership_scale_table(spec: dict) -> list[Path]:
             if (res["samples"], res["seqlen"], res["blocks"]) != (size["samples"], size["seqlen"], None):
                 raise ValueError(f"{path}: a game of {res['samples']} x {res['seqlen']} tokens on blocks "
                                  f"{res['blocks']}, expected {size['samples']} x {size['seqlen']} on the whole mask")
-            games.append(res)
+            first = first or res
             a = res["attack"]
             members += res["scores_members"]
             nonmembers += res["scores_nonmembers"]
@@ -685,7 +685,7 @@ def membership_scale_table(spec: dict) -> list[Path]:
         spread = f" (per-seed AUC mean {np.mean(aucs):.3f}, sd {np.std(aucs, ddof=1):.3f})" if len(aucs) > 1 else ""
         rows.append([f"{size['samples']} × {size['seqlen']}", f"pooled, {len(aucs)} seed{_s(len(aucs))}{spread}",
                      f"{len(members)} / {len(nonmembers)}"] + _attack_row("", pooled, res["fprs"])[1:] + ["-"])
-    g = games[0]
+    g = first
     fprs = g["fprs"]
     header = provenance(spec["context"], g["model_fingerprint"]) + [
         "Target privacy_membership_scale (not part of `make run`): the membership attack of privacy_membership "
