@@ -342,6 +342,7 @@ def _check_model_sizes(cfg: dict, model: dict, problems: _Problems) -> None:
             key = _privacy_key(cfg, size, "inversion", "tokens")
             lengths += [(key, t) for t in by_analysis["inversion"]["tokens"]]
         lengths += [("privacy.membership_scale.sizes", t) for _, t in sizes(cfg)["run"]["membership_scale"]["sizes"]]
+        lengths.append(("privacy.attribute.seqlen", sizes(cfg)["run"]["attribute"]["seqlen"]))
         for key, length in lengths:
             if length > context:
                 problems.add(key, length, f"at most {context} tokens, the context of {name} "
@@ -380,6 +381,18 @@ def _check_membership_scale(sc: dict, problems: _Problems) -> None:
             problems.add("privacy.membership_scale.sizes", [samples, seqlen], f"samples less than {population}")
 
 
+def _check_attribute(cfg: dict, at: dict, problems: _Problems) -> None:
+    """Each half of the windows without the property fills a data set; the domain differs from the
+    calibration data it is told apart from."""
+    if at["population"] < 2 * at["samples"] + 2:
+        problems.add("privacy.attribute.population", at["population"],
+                     f"at least 2 x privacy.attribute.samples + 2 = {2 * at['samples'] + 2}",
+                     "the attacker's and the client's halves each fill a data set, and each term needs windows with it")
+    if at["domain"] is not None and at["domain"] == cfg["calibration"]["dataset"]:
+        problems.add("privacy.attribute.domain", at["domain"],
+                     f"another dataset than calibration.dataset ({cfg['calibration']['dataset']}), or null")
+
+
 def _check_privacy(cfg: dict, problems: _Problems) -> None:
     """The audit runs on the default setting (part of rule all): client 0's neighbours take
     replacement samples from the other clients; the membership game draws data sets of the
@@ -402,6 +415,7 @@ def _check_privacy(cfg: dict, problems: _Problems) -> None:
                 problems.add(_privacy_key(cfg, size, "sensitivity", "neighbours"), neighbours,
                              f"at most {others}, the calibration samples of clients 1..{n - 1}")
     _check_membership_scale(privacy.scale(), problems)
+    _check_attribute(cfg, privacy.attribute(), problems)
     for size, by_analysis in privacy.sizes.items():
         eps = by_analysis["dp"]["epsilons"]
         if not all(math.isfinite(e) for e in eps) or len(set(eps)) != len(eps):

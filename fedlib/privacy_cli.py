@@ -8,12 +8,14 @@ Building the ``fedlib`` parser must not import torch: the handlers import their 
     fedlib privacy sensitivity  --model M --calib D.safetensors --replacements R.safetensors... --out X.json
     fedlib privacy membership   --model M --population P.safetensors --targets T --blocks B --out X.json
     fedlib privacy secagg       --model M --population P.safetensors --cohorts 1 2 4 8 16 --out X.json
+    fedlib privacy attribute    --model M --population P.safetensors (--term WORD | --domain-pool D.safetensors) --out X.json
     fedlib privacy inversion    --model M --texts T16.safetensors ... --out X.json
     fedlib privacy rr-aggregate --model M --epsilon E --group layer --out G.mask.safetensors --record X.json MASKS...
     fedlib privacy report       --spec JSON
     fedlib privacy scale-report --spec JSON
+    fedlib privacy attribute-report --spec JSON
 
-The verbs that compute masks (similarity, sensitivity, membership, secagg) take the clients' pruning
+The verbs that compute masks (similarity, sensitivity, membership, secagg, attribute) take the clients' pruning
 options, ``--method-options`` included (JSON, as ``fedlib client-mask --method-options``).
 """
 
@@ -137,6 +139,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--out", required=True)
 
+    p = sub.add_parser("attribute", help="attribute inference: does the client hold a window of a domain, or one "
+                       "containing a term? AUC, TPR@FPR, ε lower bound")
+    p.add_argument("--model", required=True)
+    _pruning_args(p, blocks=True)
+    p.add_argument("--population", required=True, help="token file: the rows without the property (with --term: "
+                                                       "split by the term)")
+    prop = p.add_mutually_exclusive_group(required=True)
+    prop.add_argument("--term", help="the property: a row contains this word (whole word, any case)")
+    prop.add_argument("--domain-pool", help="the property: a row of this token file (another domain)")
+    p.add_argument("--trials", type=int, default=16, help="client data sets with the property, and as many without")
+    p.add_argument("--samples", type=int, default=2, help="samples in the client's data set")
+    p.add_argument("--pairs", type=int, default=16, help="shadow pairs: half direction, half fit")
+    p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001])
+    p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--out", required=True)
+
     p = sub.add_parser("inversion", help="reconstruct calibration tokens from block-0 q_proj masks")
     p.add_argument("--model", required=True)
     p.add_argument("--texts", nargs="+", required=True, help="token files; rows of T tokens are the private texts")
@@ -176,6 +194,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "and pooled")
     p.add_argument("--spec", required=True, help="JSON: context, output folder, per size the membership files of "
                                                  "its seeds (fedlib.privacy.audit_report.membership_scale_table)")
+
+    p = sub.add_parser("attribute-report", help="the attribute inference games, per property and seed, and pooled")
+    p.add_argument("--spec", required=True, help="JSON: context, output folder, per property the attribute files of "
+                                                 "its seeds (fedlib.privacy.audit_report.attribute_table)")
 
     p = sub.add_parser("dp-report", help="the DP client mechanism's table: proven vs audited ε, and perplexity")
     p.add_argument("--spec", required=True, help="JSON: context, output names, per ε the client mask, eval and "
@@ -297,6 +319,34 @@ def _cmd_membership(args) -> None:
     _write_json(args.out, result)
 
 
+def _cmd_attribute(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.privacy.stages.attribute import attribute_audit, term_rows
+
+    model, placement = _open(args)
+    pop, _ = load_tokens(Path(args.population))
+    if args.term is not None:
+        from fedlib.models import load_tokenizer
+
+        tokenizer = load_tokenizer(args.model)
+        has = term_rows(tokenizer.batch_decode(pop.tolist()), args.term)
+        with_rows, without_rows = pop[has], pop[~has]
+        prop = {"kind": "term", "term": args.term}
+    else:
+        with_rows, _ = load_tokens(Path(args.domain_pool))
+        without_rows = pop
+        if with_rows.shape[1] != pop.shape[1]:
+            raise ValueError(f"{args.domain_pool}: rows of {with_rows.shape[1]} tokens, {args.population} has "
+                             f"{pop.shape[1]}; the two kinds of rows must be equally long")
+        prop = {"kind": "domain", "domain_pool": str(args.domain_pool)}
+    result = attribute_audit(model, with_rows, without_rows, args.trials, args.samples, args.pairs, args.blocks,
+                             args.method, args.sparsity, args.group, args.seed, args.fprs, args.confidence,
+                             args.batch_size, args.method_options, placement)
+    result["property"] = prop
+    result["population_file"] = str(args.population)
+    _write_json(args.out, result)
+
+
 def _cmd_secagg(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.secagg import secagg_membership_audit
@@ -361,6 +411,13 @@ def _cmd_scale_report(args) -> None:
         print(f"wrote {path}")
 
 
+def _cmd_attribute_report(args) -> None:
+    from fedlib.privacy.audit_report import attribute_table
+
+    for path in attribute_table(json.loads(args.spec)):
+        print(f"wrote {path}")
+
+
 def _cmd_report(args) -> None:
     from fedlib.privacy.audit_report import write_reports
 
@@ -374,6 +431,8 @@ COMMANDS = {
     "report": _cmd_report,
     "dp-report": _cmd_dp_report,
     "scale-report": _cmd_scale_report,
+    "attribute": _cmd_attribute,
+    "attribute-report": _cmd_attribute_report,
 }
 
 

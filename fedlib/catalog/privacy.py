@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fedlib.catalog.tables import Catalog
 from fedlib.catalog.variants import Calib, Prune, Split, Variant, group_arg
+from fedlib.report import DATASET_TITLES
 
 DEFAULTS = {
     "similarity": {"seeds": [], "seed_samples": 32},
@@ -20,6 +21,8 @@ DEFAULTS = {
     "defence": {"epsilons": [1, 4], "group": "layer", "datasets": ["wikitext2"]},
     "dp": {"epsilons": [8, 64, 512], "delta": 1e-5, "clip": 1.0, "clients": 4},
     "membership_scale": {"sizes": [[2, 512]], "seeds": [0, 1, 2], "targets": 16, "pairs": 4, "population": 64},
+    "attribute": {"domain": "wikitext2", "terms": ["water"], "samples": 2, "seqlen": 512, "seeds": [0, 1, 2],
+                  "trials": 16, "pairs": 16, "population": 512, "domain_population": 64},
 }
 ANALYSES = ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence")
 SIZES = ("run", "full")
@@ -219,6 +222,43 @@ class PrivacyCatalog:
 
     def scale_outputs(self) -> list[str]:
         return [f"{self.catalog.reports}/privacy_membership_scale.{ext}" for ext in ("md", "csv", "html")]
+
+    # -- attribute inference (target privacy_attribute) --------------------------------------------
+
+    def attribute(self) -> dict:
+        return self.of("run", "attribute")
+
+    def attribute_properties(self) -> dict[str, dict]:
+        """Property name (a file-name part) -> the game's property arguments and the table's label."""
+        at = self.attribute()
+        props = {}
+        if at["domain"]:
+            pool = self.pool(at["domain"], at["domain_population"], at["seqlen"])
+            props[f"domain-{at['domain']}"] = {"args": f"--domain-pool {pool}", "inputs": [pool],
+                                               "label": f"domain: {DATASET_TITLES.get(at['domain'], at['domain'])}"}
+        for term in at["terms"]:
+            props[f"term-{term}"] = {"args": f"--term {term}", "inputs": [], "label": f"term: '{term}'"}
+        return props
+
+    def attribute_population(self) -> str:
+        at = self.attribute()
+        return self.pool(self._calib.dataset, at["population"], at["seqlen"])
+
+    def attribute_json(self, prop: str, seed) -> str:
+        at = self.attribute()
+        return f"{self.base}/attribute/{at['samples']}x{at['seqlen']}/{prop}/seed{seed}.json"
+
+    def attribute_spec(self) -> dict:
+        return {
+            "context": self.catalog.report_context(self.calib, self.split, self.prune),
+            "out_dir": self.catalog.reports, "dataset": self._calib.dataset,
+            "properties": [{"label": p["label"], "results": [self.attribute_json(name, seed)
+                                                             for seed in self.attribute()["seeds"]]}
+                           for name, p in self.attribute_properties().items()],
+        }
+
+    def attribute_outputs(self) -> list[str]:
+        return [f"{self.catalog.reports}/privacy_attribute.{ext}" for ext in ("md", "csv", "html")]
 
     def dp_outputs(self, size: str) -> list[str]:
         suffix = "" if size == "run" else "_full"

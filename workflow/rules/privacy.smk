@@ -470,3 +470,64 @@ rule privacy_membership_scale:
     not part of rule all)."""
     input:
         PRIVACY.scale_outputs(),
+
+
+rule privacy_attribute_game:
+    """One seed's attribute inference game for one property (a domain or a term) against the client's whole mask."""
+    input:
+        model=MODEL_READY,
+        population=PRIVACY.attribute_population(),
+        property=lambda wc: PRIVACY.attribute_properties()[wc.property]["inputs"],
+    output:
+        PRIVACY.attribute_json("{property}", "{seed}"),
+    log:
+        f"{LOGS}/privacy/attribute/{{property}}/seed{{seed}}.log",
+    benchmark:
+        f"{BENCH}/privacy/attribute/{{property}}/seed{{seed}}.tsv"
+    wildcard_constraints:
+        property="(domain|term)-[A-Za-z0-9]+",
+        seed="[0-9]+",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["population"]),
+        gpu=MODEL_JOB_GPUS,
+    params:
+        model=model_folder,
+        pruning=lambda wc: PRIVACY.pruning_args(seed=wc.seed),
+        property=lambda wc: PRIVACY.attribute_properties()[wc.property]["args"],
+        trials=PRIVACY.attribute()["trials"],
+        samples=PRIVACY.attribute()["samples"],
+        pairs=PRIVACY.attribute()["pairs"],
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
+    shell:
+        "python -m fedlib privacy attribute --model {params.model} {params.pruning} --population {input.population} "
+        "{params.property} --trials {params.trials} --samples {params.samples} --pairs {params.pairs} --blocks all "
+        "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
+
+
+rule privacy_attribute_report:
+    input:
+        [f for prop in PRIVACY.attribute_spec()["properties"] for f in prop["results"]],
+    output:
+        PRIVACY.attribute_outputs(),
+    log:
+        f"{LOGS}/report/privacy_attribute.log",
+    benchmark:
+        f"{BENCH}/report/privacy_attribute.tsv"
+    localrule: True
+    conda:
+        "../../envs/fedlib.yaml"
+    params:
+        spec=json.dumps(PRIVACY.attribute_spec()),
+    shell:
+        "python -m fedlib privacy attribute-report --spec {params.spec:q} > {log} 2>&1"
+
+
+rule privacy_attribute:
+    """Attribute inference (a domain or a term in the client's data) against the whole mask, per seed
+    (reports/privacy_attribute.*; not part of rule all)."""
+    input:
+        PRIVACY.attribute_outputs(),
