@@ -387,6 +387,21 @@ def test_membership_game_sizes():
     assert_refused(config, "privacy.full.membership.targets", 20, "at most privacy.membership.population = 8")
 
 
+def test_attribute_sizes():
+    """Each half of the windows without the property fills a data set; the domain is not the
+    calibration data it is told apart from; terms are single words (they name files)."""
+    attr = {"terms": ["of"], "samples": 2, "seqlen": 16, "population": 6, "domain_population": 2}
+    check(config_with(("privacy.attribute", attr)))
+    assert_refused(config_with(("privacy.attribute", {**attr, "population": 5})),
+                   "privacy.attribute.population", 5, "at least 2 x privacy.attribute.samples + 2 = 6")
+    assert_refused(config_with(("privacy.attribute", {**attr, "domain": "c4"})),
+                   "privacy.attribute.domain", "c4", "another dataset than calibration.dataset (c4), or null")
+    assert_refused(config_with(("privacy.attribute", {**attr, "seqlen": 300})),
+                   "privacy.attribute.seqlen", 300, "at most 256 tokens")
+    with pytest.raises(WorkflowError, match="does not match"):
+        check(config_with(("privacy.attribute.terms", ["two words"])))
+
+
 def test_membership_scale_sizes():
     scale = {"sizes": [[2, 16]], "seeds": [0], "targets": 4, "pairs": 2, "population": 8}
     check(config_with(("privacy.membership_scale", scale)))

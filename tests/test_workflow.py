@@ -316,3 +316,25 @@ def test_membership_scale_target_runs(tmp_path):
     rows = list(csv.reader((tmp_path / "reports" / "privacy_membership_scale.csv").open()))
     assert [r[1].split(",")[0] for r in rows[1:]] == ["0", "1", "pooled"]
     assert rows[3][2] == "4 / 4"
+
+
+def test_attribute_target_runs(tmp_path):
+    """privacy_attribute: one game per property and seed on the whole mask, then the table with a
+    row per seed and a pooled row per property."""
+    import json
+
+    copy_test_dir(tmp_path)
+    snakemake(tmp_path, "privacy_attribute", "--configfile", "config.yaml")
+    games = sorted(tmp_path.glob("results/privacy/*/*/*/attribute/2x16/*/seed*.json"))
+    assert [f"{g.parent.name}/{g.name}" for g in games] == [
+        "domain-wikitext2/seed0.json", "domain-wikitext2/seed1.json", "term-of/seed0.json", "term-of/seed1.json"]
+    for path in games:
+        res = json.loads(path.read_text())
+        assert (res["samples"], res["seqlen"], res["blocks"], res["trials"], res["pairs"]) == (2, 16, None, 2, 4)
+        assert res["observed_layers"] == 14 and res["masks_computed"] == 12
+    assert json.loads(games[0].read_text())["property"]["kind"] == "domain"
+    assert json.loads(games[2].read_text())["property"] == {"kind": "term", "term": "of"}
+    rows = list(csv.reader((tmp_path / "reports" / "privacy_attribute.csv").open()))
+    body = [r for r in rows[1:] if r and r[0] in ("domain: WikiText-2", "term: 'of'")]
+    assert [r[1].split(",")[0] for r in body] == ["0", "1", "pooled"] * 2
+    assert body[2][2] == "4 / 4"
