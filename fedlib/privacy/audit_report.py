@@ -730,6 +730,8 @@ def attribute_table(spec: dict) -> list[Path]:
     """``privacy_attribute.{md,csv,html}``: attribute inference (:mod:`fedlib.privacy.stages.attribute`)
     per property, one game per seed and the games pooled. ``spec``: {"context", "out_dir", "dataset",
     "properties": [{"label", "results": [attribute JSON per seed]}]}."""
+    if not spec["properties"]:
+        raise ValueError("privacy.attribute names no property (domain null, no terms): no game to report")
     rows, first = [], None
     for prop in spec["properties"]:
         games = [_load(path) for path in prop["results"]]
