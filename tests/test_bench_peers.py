@@ -3,6 +3,7 @@ README renderer; the bench itself needs .venv-peers (llmcompressor), which CI do
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -50,7 +51,23 @@ def test_pruned_weights_masks_the_model_weight_unless_an_update_is_given(model):
     assert torch.equal(model.get_submodule(q).weight, q_weight)  # the model is left as it was
 
 
-FIGURES = {"agreement": 0.99, "fedlib_sparsity": 0.5, "peer_sparsity": 0.5, "fedlib_ppl": 20.0, "peer_ppl": 21.0}
+FIGURES = {"agreement": 0.99, "fedlib_sparsity": 0.5, "peer_sparsity": 0.5, "fedlib_ppl": 20.0, "peer_ppl": 21.0,
+           "ppl_ratio": 20 / 21, "ppl_ratio_ci": [0.94, 0.96]}
+
+
+def test_paired_ppl_ratio_is_the_token_mean_ratio_with_a_paired_t_interval():
+    """Against scipy's paired t-test: the interval's ends are where its p-value is 0.05."""
+    from scipy import stats
+
+    ours, theirs = [3.1, 2.9, 3.4, 3.0, 3.3], [3.0, 2.95, 3.2, 3.05, 3.1]
+    ratio, (lo, hi) = bench_peers.paired_ppl_ratio(ours, theirs)
+    assert ratio == pytest.approx(math.exp(sum(ours) / 5) / math.exp(sum(theirs) / 5))
+    for end in (lo, hi):
+        shifted = [o - math.log(end) for o in ours]
+        assert stats.ttest_rel(shifted, theirs).pvalue == pytest.approx(0.05, rel=1e-6)
+    assert lo < ratio < hi
+    with pytest.raises(ValueError, match="at least 2 windows"):
+        bench_peers.paired_ppl_ratio([3.0], [3.0])
 
 
 def test_record_ratio_is_median_over_median_and_the_schema_is_complete():
@@ -60,6 +77,7 @@ def test_record_ratio_is_median_over_median_and_the_schema_is_complete():
     assert set(r) == set(bench_peers.RECORD_KEYS) and r["peer"] == "llmcompressor"
     with pytest.raises(ValueError, match="3 fedlib runs vs 2 peer runs"):
         bench_peers.record("wanda", "row", "wanda", ours, theirs[:2], **FIGURES)
+    assert r["goal_met"] is True  # 0.2x and the ppl interval ends below 1
     with pytest.raises(ValueError, match=r"missing \['peer_ppl'\]"):
         bench_peers.record("wanda", "row", "wanda", ours, theirs, **{k: v for k, v in FIGURES.items() if k != "peer_ppl"})
 
@@ -68,14 +86,38 @@ def _payload(records):
     return {"model": "m", "sparsity": 0.5, "threads": 2, "calibration": {"dataset": "c4", "samples": 8, "seqlen": 512},
             "evaluation": {"dataset": "wikitext2", "windows": 16, "seqlen": 512}, "repeats": 3,
             "batch_size": {"fedlib": 8, "peer": 1}, "peer_versions": {"llmcompressor": "0"}, "dense_ppl": 15.0,
-            "records": records}
+            "goal": bench_peers.GOAL, "records": records}
 
 
 def test_readme_table_states_the_goal_per_method():
+    """Met: fast enough, and the ppl interval ends within the margin (even if its middle is above 1)."""
     fast_better = bench_peers.record("wanda", "row", "wanda", [1.0], [2.0], **FIGURES)
+    fast_equal = bench_peers.record("sparsegpt_update", "layer", "sparsegpt", [1.0], [2.0],
+                                    **{**FIGURES, "ppl_ratio": 1.003, "ppl_ratio_ci": [0.998, 1.008]})
     fast_worse = bench_peers.record("sparsegpt_update", "layer", "sparsegpt", [1.0], [2.0],
-                                    **{**FIGURES, "fedlib_ppl": 21.5})
+                                    **{**FIGURES, "ppl_ratio": 1.01, "ppl_ratio_ci": [1.002, 1.018]})
     slow_better = bench_peers.record("wanda", "layer", "wanda", [0.9], [1.0], **FIGURES)
-    rows = readme_figures.peers(_payload([fast_better, fast_worse, slow_better])).splitlines()[-3:]
-    assert rows[0].startswith("| `wanda` (row) | wanda | **0.50×** | 99.00% | 20.00 (-4.76%) | 21.00 |")
-    assert [row.rsplit("|", 2)[1].strip() for row in rows] == ["met", "NOT met", "NOT met"]
+    payload = _payload([fast_better, fast_equal, fast_worse, slow_better])
+    rows = readme_figures.peers(payload).splitlines()[-4:]
+    assert rows[0].startswith("| `wanda` (row) | wanda | **0.50×** | 99.00% | 20.00 | 21.00 | -4.76% [-6.00%, -4.00%] |")
+    assert rows[1].split("|")[7].strip() == "+0.30% [-0.20%, +0.80%]"
+    assert [row.rsplit("|", 2)[1].strip() for row in rows] == ["met", "met", "NOT met", "NOT met"]
+
+
+def test_pruned_quality_scores_each_window_and_agrees_with_the_batched_perplexity(model):
+    """The per-window scoring gives the perplexity of all windows scored together, and the same
+    weights on both sides give a ratio of exactly 1 with a zero-width interval."""
+    from fedlib.client import prune_locally
+    from fedlib.evaluate.perplexity import perplexities
+
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    windows = torch.randint(0, 128, (5, 16), generator=torch.Generator().manual_seed(2))
+    decision = prune_locally(model, ids, "wanda", 0.5, "row", 0)
+    weights = bench_peers.pruned_weights(model, decision)
+    q = bench_peers.pruned_quality(model, windows, 2, {"wanda": decision}, {"wanda": dict(weights)})
+    (together,), _ = perplexities(model, [windows], 2, variant=lambda _b: BlockDecision(masks={}, weights=weights))
+    (dense,), _ = perplexities(model, [windows], 2)
+    assert q["wanda"]["fedlib_ppl"] == pytest.approx(together["ppl"], rel=1e-6)
+    assert q["dense"] == pytest.approx(dense["ppl"], rel=1e-6)
+    assert q["wanda"]["ppl_ratio"] == 1.0 and q["wanda"]["ppl_ratio_ci"] == [1.0, 1.0]
+    assert q["wanda"]["agreement"] == 1.0
