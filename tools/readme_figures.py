@@ -285,15 +285,18 @@ def peers(data: dict) -> str:
         + (f" Machine shared with other jobs: 1-minute load average {min(load):.1f}–{max(load):.1f} at the repeats' "
            f"starts." if (load := data.get("load_average_1min")) else ""),
         "",
+        f"The goal: {data['goal']}.",
+        "",
         "| fedlib method (group) | llmcompressor modifier | time fedlib / llmcompressor | mask bits that agree "
-        "| ppl fedlib | ppl llmcompressor | goal: ≤ 0.85× at equal or better ppl |",
-        "|---|---|---|---|---|---|---|",
+        "| ppl fedlib | ppl llmcompressor | ppl fedlib / llmcompressor [95 % paired CI] | goal |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in data["records"]:
-        met = r["ratio"] <= 0.85 and r["fedlib_ppl"] <= r["peer_ppl"]
+        lo, hi = r["ppl_ratio_ci"]
         lines.append(
             f"| `{r['method']}` ({r['group']}) | {r['peer_method']} | **{r['ratio']:.2f}×** | {r['agreement']:.2%} "
-            f"| {r['fedlib_ppl']:.2f} ({r['fedlib_ppl'] / r['peer_ppl'] - 1:+.2%}) | {r['peer_ppl']:.2f} | {'met' if met else 'NOT met'} |")
+            f"| {r['fedlib_ppl']:.2f} | {r['peer_ppl']:.2f} | {r['ppl_ratio'] - 1:+.2%} [{lo - 1:+.2%}, {hi - 1:+.2%}] "
+            f"| {'met' if r['goal_met'] else 'NOT met'} |")
     return "\n".join(lines)
 
 
@@ -352,6 +355,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
         ("privacy-secagg", "reports/privacy_secagg.csv"),
         ("privacy-membership-scale", "reports/privacy_membership_scale.csv"),
+        ("privacy-attribute", "reports/privacy_attribute.csv"),
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
 }
