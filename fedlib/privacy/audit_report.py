@@ -274,6 +274,12 @@ def _eps_cell(entry: dict) -> str:
     return f"{lb:.2f} (TP {entry['tp']}, FN {entry['fn']}, FP {entry['fp']}, TN {entry['tn']})"
 
 
+def _attack_columns(fprs) -> list[str]:
+    """The columns of :func:`_attack_row` after its label."""
+    return ["AUC [95 % CI]"] + [f"TPR @ {f:g} FPR [95 % CI]" for f in fprs] + \
+        ["ε lower bound, LR = 1 threshold", "ε lower bound, split threshold"]
+
+
 def _attack_row(label: str, a: dict, fprs) -> list[str]:
     by_fpr = {e["target_fpr"]: e for e in a["tpr_at_fpr"]}
     return [label, f"{a['auc']:.3f} {_ci(*a['auc_ci'], fmt=lambda x: f'{x:.3f}')}"] + \
@@ -338,8 +344,7 @@ def membership_table(res: dict, spec: dict, out_dir: Path, suffix: str) -> list[
         "(Jeffreys-smoothed) pushed through the flip probability (fedlib.privacy.defence.rr_bit_llr), "
         "on its own noise draw.",
     ]
-    columns = ["Attack", "AUC [95 % CI]"] + [f"TPR @ {f:g} FPR [95 % CI]" for f in fprs] + \
-        ["ε lower bound, LR = 1 threshold", "ε lower bound, split threshold"]
+    columns = ["Attack"] + _attack_columns(fprs)
     tables = _write_tables(out_dir, "membership", suffix, "Privacy audit 4: membership inference against a client's shared mask", header, columns, rows)
     png = out_dir / f"privacy_membership_roc{suffix}.png"
     _roc_plot(res, spec, png)
@@ -718,9 +723,8 @@ def membership_scale_table(spec: dict) -> list[Path]:
         "Hamming ratio: the paper's 'signal strength' (mask of R + target vs R + other, over masks of different "
         "data sets).",
     ]
-    columns = ["Client data (samples × tokens)", "Seed", "Members / non-members", "AUC [95 % CI]"] + \
-        [f"TPR @ {f:g} FPR [95 % CI]" for f in fprs] + \
-        ["ε lower bound, LR = 1 threshold", "ε lower bound, split threshold", "Target / natural Hamming"]
+    columns = ["Client data (samples × tokens)", "Seed", "Members / non-members"] + _attack_columns(fprs) + \
+        ["Target / natural Hamming"]
     return _write_tables(Path(spec["out_dir"]), "membership_scale", "",
                          "Membership inference against a client's whole mask at realistic sizes, per seed",
                          header, columns, rows)
@@ -770,9 +774,7 @@ def attribute_table(spec: dict) -> list[Path]:
         "Pair Hamming: mean fraction of mask bits that differ between a shadow pair's R + a and R + b; in "
         "brackets the windows with the property (attacker + client) / without (attacker + client).",
     ]
-    columns = ["Property", "Seed", "With / without", "AUC [95 % CI]"] + \
-        [f"TPR @ {f:g} FPR [95 % CI]" for f in fprs] + \
-        ["ε lower bound, LR = 1 threshold", "ε lower bound, split threshold", "Pair Hamming (windows)"]
+    columns = ["Property", "Seed", "With / without"] + _attack_columns(fprs) + ["Pair Hamming (windows)"]
     return _write_tables(Path(spec["out_dir"]), "attribute", "",
                          "Attribute inference against a client's mask: a domain or a term in its data, per seed",
                          header, columns, rows)
