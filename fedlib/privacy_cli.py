@@ -330,6 +330,9 @@ def _cmd_attribute(args) -> None:
 
         tokenizer = load_tokenizer(args.model)
         has = term_rows(tokenizer.batch_decode(pop.tolist()), args.term)
+        if int(has.sum()) < 2:
+            raise ValueError(f"{args.population}: {int(has.sum())} of its {pop.shape[0]} windows contain "
+                             f"'{args.term}'; the game needs at least 2 (the attacker's half and the client's)")
         with_rows, without_rows = pop[has], pop[~has]
         prop = {"kind": "term", "term": args.term}
     else:

@@ -109,3 +109,21 @@ def test_attribute_table_pools_the_seeds_games(model, tmp_path):
     files[1].write_text(json.dumps(other))
     with pytest.raises(ValueError, match="seed1.json: a game of"):
         attribute_table(spec)
+
+
+def test_cli_names_the_file_when_the_windows_cannot_play(tiny_model_dir, tmp_path, capsys):
+    """A domain pool of other window lengths, or a term too rare in the population, is refused
+    before any mask is computed, with the file and what was expected."""
+    from fedlib.cli import main
+    from fedlib.data import save_tokens
+
+    population, short, out = tmp_path / "pop.safetensors", tmp_path / "short.safetensors", tmp_path / "a.json"
+    save_tokens(population, _ids(8, seqlen=8, vocab=200))
+    save_tokens(short, _ids(4, seqlen=6, vocab=200))
+    common = ["privacy", "attribute", "--model", str(tiny_model_dir), "--population", str(population),
+              "--out", str(out)]
+    assert main(common + ["--domain-pool", str(short)]) == 2
+    assert f"{short}: rows of 6 tokens, {population} has 8" in capsys.readouterr().err
+    assert main(common + ["--term", "zebra"]) == 2
+    assert f"{population}: 0 of its 8 windows contain 'zebra'; the game needs at least 2" in capsys.readouterr().err
+    assert not out.exists()
