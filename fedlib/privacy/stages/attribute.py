@@ -70,16 +70,13 @@ def attribute_audit(
         raise ValueError(f"trials must be >= 1, got {trials}")
     rng = np.random.default_rng([seed, 0xA771])
     halves = {}
-    for kind, rows in (("with", with_rows), ("without", without_rows)):
+    for kind, rows, need in (("with", with_rows, 1), ("without", without_rows, samples)):
         order = rng.permutation(rows.shape[0])
-        half = rows.shape[0] // 2
-        halves[kind] = {"attacker": order[:half], "client": order[half:]}
-    need = {"with": 1, "without": samples}
-    for kind, rows in (("with", with_rows), ("without", without_rows)):
+        halves[kind] = {"attacker": order[: rows.shape[0] // 2], "client": order[rows.shape[0] // 2 :]}
         for side, picked in halves[kind].items():
-            if picked.size < need[kind]:
+            if picked.size < need:
                 raise ValueError(f"{rows.shape[0]} rows {kind} the property: the {side}'s half has {picked.size}, "
-                                 f"a data set of {samples} samples needs {need[kind]}")
+                                 f"a data set of {samples} samples needs {need}")
     # one population: the without-rows, then the with-rows
     population = torch.cat([without_rows, with_rows])
     offset = without_rows.shape[0]
@@ -105,7 +102,8 @@ def attribute_audit(
         return ins[0], outs[0]
 
     n_dir = pairs // 2
-    # counts, not stacked masks: whole-model masks are ~10^8 bits each
+    # target_direction over stacked float64 masks would hold 8 bytes per bit per mask (~10^8 bits each):
+    # the same direction from running counts
     count_in = count_out = None
     pair_hamming = []
     for _ in range(n_dir):
@@ -129,12 +127,10 @@ def attribute_audit(
         fit_out.append(stat(b))
         pair_hamming.append(float((a ^ b).sum()) / a.numel())
     observed = np.zeros((trials, 2))
-    n_bits = 0
     for t in range(trials):
         with_set = rng.choice(cli_without, samples - 1, replace=False).tolist() + [int(rng.choice(cli_with))]
         with_mask = mask_of(with_set)
         observed[t] = [stat(with_mask), stat(mask_of(rng.choice(cli_without, samples, replace=False).tolist()))]
-        n_bits = with_mask.numel()
     scores = [lira_scores(observed[:, i], np.array(fit_in), np.array(fit_out)) for i in (0, 1)]
     return {
         "analysis": "attribute", "model_fingerprint": fingerprint(model),
@@ -143,7 +139,7 @@ def attribute_audit(
         "client_rows": {k: int(h["client"].size) for k, h in halves.items()},
         "trials": trials, "samples": samples, "pairs": pairs, "direction_pairs": n_dir, "fit_pairs": pairs - n_dir,
         "blocks": blocks, "seqlen": int(population.shape[1]), "observed_layers": len(names or []),
-        "observed_bits": int(n_bits), "method": method, "group": group, "sparsity": sparsity, "seed": seed,
+        "observed_bits": int(direction.numel()), "method": method, "group": group, "sparsity": sparsity, "seed": seed,
         "confidence": confidence, "fprs": list(fprs), "masks_computed": computed,
         "scores_with": scores[0].tolist(), "scores_without": scores[1].tolist(),
         "attack": attack_summary(scores[0], scores[1], fprs, confidence, seed),
