@@ -59,13 +59,11 @@ def paired_ppl_ratio(ours_nll, theirs_nll, confidence: float = 0.95) -> tuple[fl
     """Perplexity ratio exp(mean(ours) - mean(theirs)) of per-window mean log-likelihoods of the
     same windows (equally long, so the mean over windows is the mean over tokens), and its
     t-interval over the windows' paired differences."""
-    from scipy import stats
+    from fedlib.privacy.membership import t_interval
 
     d = torch.tensor(ours_nll, dtype=torch.float64) - torch.tensor(theirs_nll, dtype=torch.float64)
-    if d.numel() < 2:
-        raise ValueError(f"a paired interval needs at least 2 windows, got {d.numel()}")
-    mean, half = float(d.mean()), float(stats.t.ppf(0.5 + confidence / 2, d.numel() - 1) * d.std() / d.numel() ** 0.5)
-    return math.exp(mean), [math.exp(mean - half), math.exp(mean + half)]
+    mean, lo, hi = t_interval(d.numpy(), confidence)
+    return math.exp(mean), [math.exp(lo), math.exp(hi)]
 
 
 

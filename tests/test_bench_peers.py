@@ -66,7 +66,7 @@ def test_paired_ppl_ratio_is_the_token_mean_ratio_with_a_paired_t_interval():
         shifted = [o - math.log(end) for o in ours]
         assert stats.ttest_rel(shifted, theirs).pvalue == pytest.approx(0.05, rel=1e-6)
     assert lo < ratio < hi
-    with pytest.raises(ValueError, match="at least 2 windows"):
+    with pytest.raises(ValueError, match="at least 2 values"):
         bench_peers.paired_ppl_ratio([3.0], [3.0])
 
 

@@ -177,7 +177,19 @@ def auc_ci(scores_members, scores_nonmembers, confidence: float = 0.95, n_boot: 
     return bootstrap_auc_ci(pos, neg, confidence, n_boot, seed)
 
 
-# --------------------------------------------------------------------------- proportions
+# --------------------------------------------------------------------------- means and proportions
+
+
+def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lower, upper): Student's t interval for the mean of independent values (e.g. one
+    figure per client, or paired differences); needs at least 2 values."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size < 2:
+        raise ValueError(f"a t interval needs at least 2 values, got {x.size}")
+    mean = float(x.mean())
+    half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return mean, mean - half, mean + half
+
 
 
 def clopper_pearson(
