@@ -393,6 +393,13 @@ def _check_attribute(cfg: dict, at: dict, problems: _Problems) -> None:
                      f"another dataset than calibration.dataset ({cfg['calibration']['dataset']}), or null")
 
 
+def _check_inversion_client(cfg: dict, inv: dict, problems: _Problems) -> None:
+    n = cfg["clients"]["n"]
+    outside = [c for c in inv["clients"] if c >= n]
+    if outside:
+        problems.add("privacy.inversion_client.clients", inv["clients"], f"clients of the default setting, 0..{n - 1}")
+
+
 def _check_privacy(cfg: dict, problems: _Problems) -> None:
     """The audit runs on the default setting (part of rule all): client 0's neighbours take
     replacement samples from the other clients; the membership game draws data sets of the
@@ -416,6 +423,7 @@ def _check_privacy(cfg: dict, problems: _Problems) -> None:
                              f"at most {others}, the calibration samples of clients 1..{n - 1}")
     _check_membership_scale(privacy.scale(), problems)
     _check_attribute(cfg, privacy.attribute(), problems)
+    _check_inversion_client(cfg, privacy.inversion_client(), problems)
     for size, by_analysis in privacy.sizes.items():
         eps = by_analysis["dp"]["epsilons"]
         if not all(math.isfinite(e) for e in eps) or len(set(eps)) != len(eps):

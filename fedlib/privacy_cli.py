@@ -10,10 +10,12 @@ Building the ``fedlib`` parser must not import torch: the handlers import their 
     fedlib privacy secagg       --model M --population P.safetensors --cohorts 1 2 4 8 16 --out X.json
     fedlib privacy attribute    --model M --population P.safetensors (--term WORD | --domain-pool D.safetensors) --out X.json
     fedlib privacy inversion    --model M --texts T16.safetensors ... --out X.json
+    fedlib privacy inversion-client --model M --mask CLIENT.mask.safetensors --shard S.safetensors --prior NAME=P.safetensors ... --out X.json
     fedlib privacy rr-aggregate --model M --epsilon E --group layer --out G.mask.safetensors --record X.json MASKS...
     fedlib privacy report       --spec JSON
     fedlib privacy scale-report --spec JSON
     fedlib privacy attribute-report --spec JSON
+    fedlib privacy inversion-client-report --spec JSON
 
 The verbs that compute masks (similarity, sensitivity, membership, secagg, attribute) take the clients' pruning
 options, ``--method-options`` included (JSON, as ``fedlib client-mask --method-options``).
@@ -48,6 +50,13 @@ def _blocks(value: str) -> int | None:
     if blocks < 1:
         raise argparse.ArgumentTypeError(f"--blocks must be >= 1 or 'all', got {value}")
     return blocks
+
+
+def _named_file(value: str) -> tuple[str, str]:
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE, got {value!r}")
+    return name, path
 
 
 def _method_options(value: str) -> dict:
@@ -172,6 +181,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
 
+    p = sub.add_parser("inversion-client", help="the server inverts a client's uploaded block-0 q/k/v masks to the "
+                       "bag of all its calibration tokens")
+    p.add_argument("--model", required=True)
+    p.add_argument("--mask", required=True, help="the client's mask file as uploaded (fedlib client-mask)")
+    p.add_argument("--shard", required=True, help="the client's calibration token file: only to score the attack")
+    p.add_argument("--prior", nargs="+", required=True, type=_named_file, metavar="NAME=TOKENS",
+                   help="public token files: one unigram-guess baseline each")
+    p.add_argument("--init-prior", help="the prior (NAME) the attack starts from; default: the first")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--refine-moves", type=int, default=0, help="at most this many exact one-count moves")
+    p.add_argument("--candidates", type=int, default=2048, help="tokens a move may add: the highest soft probability")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", required=True)
+
     p = sub.add_parser("rr-aggregate",
                        help="defence: randomized response on client mask bits, FedPrLLM top-k on the noisy votes")
     p.add_argument("--model", required=True)
@@ -198,6 +221,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("attribute-report", help="the attribute inference games, per property and seed, and pooled")
     p.add_argument("--spec", required=True, help="JSON: context, output folder, per property the attribute files of "
                                                  "its seeds (fedlib.privacy.audit_report.attribute_table)")
+
+    p = sub.add_parser("inversion-client-report", help="the inversion of clients' whole calibration sets, per "
+                       "client and over clients")
+    p.add_argument("--spec", required=True, help="JSON: context, output folder, the inversion-client files "
+                                                 "(fedlib.privacy.audit_report.inversion_client_table)")
 
     p = sub.add_parser("dp-report", help="the DP client mechanism's table: proven vs audited ε, and perplexity")
     p.add_argument("--spec", required=True, help="JSON: context, output names, per ε the client mask, eval and "
@@ -388,6 +416,35 @@ def _cmd_inversion(args) -> None:
     _write_json(args.out, result)
 
 
+def _cmd_inversion_client(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.privacy.stages.inversion import client_inversion, unigram_distribution
+
+    model, _ = _open(args, placed=False)
+    names = [name for name, _ in args.prior]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--prior: the names {names} repeat")
+    init = args.init_prior or names[0]
+    if init not in names:
+        raise ValueError(f"--init-prior {init!r}: not one of the --prior names {names}")
+    shard, _ = load_tokens(Path(args.shard))
+    vocab = model.model.get_input_embeddings().weight.shape[0]
+    priors = {name: unigram_distribution([path], vocab) for name, path in args.prior}
+    result = client_inversion(model, Path(args.mask), shard, priors, init, args.steps, args.refine_moves,
+                              args.candidates)
+    result.update(shard_file=str(args.shard), prior_tokens=dict(args.prior))
+    _write_json(args.out, result)
+    print(f"inversion of {args.mask}: bag {result['bag_overlap']:.3f} (gradient stage "
+          f"{result['gradient_bag_overlap']:.3f}; unigram guess {result['unigram_bag_overlap']})")
+
+
+def _cmd_inversion_client_report(args) -> None:
+    from fedlib.privacy.audit_report import inversion_client_table
+
+    for path in inversion_client_table(json.loads(args.spec)):
+        print(f"wrote {path}")
+
+
 def _cmd_rr_aggregate(args) -> None:
     from fedlib.privacy.stages.defence import rr_aggregate
 
@@ -436,6 +493,8 @@ COMMANDS = {
     "scale-report": _cmd_scale_report,
     "attribute": _cmd_attribute,
     "attribute-report": _cmd_attribute_report,
+    "inversion-client": _cmd_inversion_client,
+    "inversion-client-report": _cmd_inversion_client_report,
 }
 
 

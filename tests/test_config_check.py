@@ -402,6 +402,15 @@ def test_attribute_sizes():
         check(config_with(("privacy.attribute.terms", ["two words"])))
 
 
+def test_inversion_client_names_clients_of_the_setting():
+    check(config_with(("privacy.inversion_client.clients", [0, 2])))
+    n = config_with()["clients"]["n"]
+    assert_refused(config_with(("privacy.inversion_client.clients", [0, n])),
+                   "privacy.inversion_client.clients", [0, n], f"clients of the default setting, 0..{n - 1}")
+    with pytest.raises(WorkflowError):  # the schema: distinct clients
+        check(config_with(("privacy.inversion_client.clients", [1, 1])))
+
+
 def test_membership_scale_sizes():
     scale = {"sizes": [[2, 16]], "seeds": [0], "targets": 4, "pairs": 2, "population": 8}
     check(config_with(("privacy.membership_scale", scale)))

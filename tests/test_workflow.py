@@ -338,3 +338,23 @@ def test_attribute_target_runs(tmp_path):
     body = [r for r in rows[1:] if r and r[0] in ("domain: WikiText-2", "term: 'of'")]
     assert [r[1].split(",")[0] for r in body] == ["0", "1", "pooled"] * 2
     assert body[2][2] == "4 / 4"
+
+
+def test_inversion_client_target_runs(tmp_path):
+    """privacy_inversion_client: the server inverts the real mask files of the configured clients
+    (their uploads equal the bag masks of their shards), then the table with the mean row."""
+    import json
+
+    copy_test_dir(tmp_path)
+    snakemake(tmp_path, "privacy_inversion_client", "--configfile", "config.yaml")
+    results = sorted(tmp_path.glob("results/privacy/*/*/*/inversion_client/client_*.json"))
+    assert [p.name for p in results] == ["client_0.json", "client_1.json"]
+    for path in results:
+        res = json.loads(path.read_text())
+        assert all(res["upload_is_bag_mask"].values()) and len(res["upload_is_bag_mask"]) == 3
+        assert res["tokens"] == 32 and len(res["decoded_tokens"]) == 32 and res["moves"] <= 3
+        assert set(res["unigram_bag_overlap"]) == {"heldout", "wikitext2"}
+    rows = list(csv.reader((tmp_path / "reports" / "privacy_inversion_client.csv").open()))
+    body = [r for r in rows[1:] if r and (r[0] in ("0", "1") or r[0].startswith("mean of"))]
+    assert [r[0] for r in body] == ["0", "1", "mean of 2 clients [95 % t interval]"]
+    assert [r[2] for r in body[:2]] == ["yes", "yes"]

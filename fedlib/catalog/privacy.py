@@ -23,6 +23,8 @@ DEFAULTS = {
     "membership_scale": {"sizes": [[2, 512]], "seeds": [0, 1, 2], "targets": 16, "pairs": 4, "population": 64},
     "attribute": {"domain": "wikitext2", "terms": ["water"], "samples": 2, "seqlen": 512, "seeds": [0, 1, 2],
                   "trials": 16, "pairs": 16, "population": 512, "domain_population": 64},
+    "inversion_client": {"clients": [0, 1, 2], "steps": 300, "refine_moves": 200, "candidates": 2048,
+                         "prior_samples": 32},
 }
 ANALYSES = ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence")
 SIZES = ("run", "full")
@@ -259,6 +261,37 @@ class PrivacyCatalog:
 
     def attribute_outputs(self) -> list[str]:
         return [f"{self.catalog.reports}/privacy_attribute.{ext}" for ext in ("md", "csv", "html")]
+
+    # -- inversion of clients' whole calibration sets (target privacy_inversion_client) -------------
+
+    def inversion_client(self) -> dict:
+        return self.of("run", "inversion_client")
+
+    def heldout_text(self) -> str:
+        """Every evaluation window of the calibration dataset's held-out text: public in-domain text."""
+        return f"{self.results}/privacy/public/{self._calib.dataset}-heldout.safetensors"
+
+    def inversion_client_priors(self) -> dict[str, dict]:
+        """Prior name -> {"file", "label"}: the public texts of the unigram guesses (the first is the
+        attack's start)."""
+        dataset = DATASET_TITLES.get(self._calib.dataset, self._calib.dataset)
+        wikitext = self.pool("wikitext2", self.inversion_client()["prior_samples"], self._calib.seqlen)
+        return {"heldout": {"file": self.heldout_text(), "label": f"{dataset} held-out text"},
+                "wikitext2": {"file": wikitext, "label": "WikiText-2"}}
+
+    def inversion_client_json(self, client) -> str:
+        return f"{self.base}/inversion_client/client_{client}.json"
+
+    def inversion_client_spec(self) -> dict:
+        return {
+            "context": self.catalog.report_context(self.calib, self.split, self.prune),
+            "out_dir": self.catalog.reports,
+            "priors": {name: p["label"] for name, p in self.inversion_client_priors().items()},
+            "results": [self.inversion_client_json(c) for c in self.inversion_client()["clients"]],
+        }
+
+    def inversion_client_outputs(self) -> list[str]:
+        return [f"{self.catalog.reports}/privacy_inversion_client.{ext}" for ext in ("md", "csv", "html")]
 
     def dp_outputs(self, size: str) -> list[str]:
         suffix = "" if size == "run" else "_full"

@@ -44,10 +44,18 @@ The attack
    τ = 1 instead of 0.2 left the optimiser in poor optima); loss = BCE against the target mask(s), summed over
    the given layers. Adam on the logits, seeded restarts; the restart whose decoding has
    the best *hard* mask agreement wins.
-3. Discrete refinement (coordinate search, skipped once the agreement is perfect): for
-   each position try the ``n_candidates`` tokens of highest soft probability and keep the
-   swap that most increases the hard mask agreement; a few sweeps. The attacker can
-   evaluate hard agreement exactly because it has the model.
+3. Discrete refinement (skipped once the agreement is perfect), on the hard bag; the attacker
+   can evaluate hard agreement exactly because it has the model. Two searches:
+
+   * ``refine_sweeps`` (short texts): for each position try the ``n_candidates`` tokens of
+     highest soft probability and keep the swap that most increases the agreement; a few
+     sweeps. It costs T x n_candidates mask evaluations per sweep.
+   * ``refine_moves`` (a client's whole calibration set, T ~ 1,000): positions are
+     exchangeable, so one move takes one count from a token of the bag and gives it to one
+     of the ``n_candidates`` tokens. The relaxed loss's gradient with respect to the counts
+     ranks the moves (the bag tokens it most wants fewer of, the candidates it most wants
+     more of); the best few pairs are evaluated exactly and the best is kept if it raises
+     the agreement. Its cost does not grow with T.
 
 Reported: mask agreement (1 - Hamming) of the decoded tokens' mask with the target, of the
 gradient stage alone, and of random tokens (a baseline: masks are mostly determined by
@@ -218,6 +226,7 @@ class InversionResult:
     mask_agreement: float  # 1 - Hamming over all target layers, decoded tokens
     mask_agreement_layers: dict[str, float]
     gradient_agreement: float  # before the discrete refinement
+    gradient_tokens: list[int]  # the bag the gradient stage decoded (before the refinement)
     baseline_agreement: float  # random tokens of the same length
     seconds: float  # wall time, for the log: summary() (what results hold) has no timings
     text: str | None = None
@@ -298,6 +307,55 @@ def _total(per_layer: Mapping[str, float], targets) -> float:
     return sum(v * s for v, s in zip(per_layer.values(), sizes)) / sum(sizes)
 
 
+def refine_bag(
+    prob: _Problem,
+    U: torch.Tensor,
+    counts: torch.Tensor,
+    candidates: torch.Tensor,
+    moves: int,
+    tau: float,
+    history: list | None = None,
+    removals: int = 8,
+    additions: int = 16,
+    batch: int = 32,
+) -> tuple[torch.Tensor, int]:
+    """Greedy moves of one count between tokens of a bag (``counts``, (V,)), at most ``moves``:
+    each step evaluates exactly the ``removals`` x ``additions`` moves the relaxed loss's
+    gradient (at temperature ``tau``) ranks best (from the bag's tokens to ``candidates``)
+    and keeps the best if it raises the hard agreement; stops when none does. Returns
+    (counts, matching bits)."""
+    counts = counts.clone()
+    n_tokens = int(counts.sum())
+    total = counts.double() @ U.double()  # (d,): the bag's sum of u_v, kept exact in float64
+    current = int(prob.agreement_batch((total / n_tokens).float().unsqueeze(0))[0])
+    for move in range(moves):
+        if current == prob.n_bits:
+            break
+        c = counts.float().requires_grad_(True)
+        (grad,) = torch.autograd.grad(prob.loss((c @ U) / n_tokens, tau), c)
+        present = counts.nonzero().squeeze(1)
+        take = present[grad[present].topk(min(removals, present.numel())).indices]
+        give = candidates[grad[candidates].topk(min(additions, candidates.numel()), largest=False).indices]
+        src, dst = (x.reshape(-1) for x in torch.meshgrid(take, give, indexing="ij"))
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+        if src.numel() == 0:
+            break
+        stats = (total.unsqueeze(0) + U[dst].double() - U[src].double()) / n_tokens
+        scores = torch.cat([prob.agreement_batch(stats[i : i + batch].float()) for i in range(0, len(stats), batch)])
+        j = int(scores.argmax())
+        if int(scores[j]) <= current:
+            break
+        a, b = int(src[j]), int(dst[j])
+        counts[a] -= 1
+        counts[b] += 1
+        total += U[b].double() - U[a].double()
+        current = int(scores[j])
+        if history is not None:
+            history.append({"refine_move": move, "agreement": current / prob.n_bits})
+    return counts, current
+
+
 RELAXATIONS = ("embedding", "histogram")
 
 
@@ -328,6 +386,7 @@ def invert_block0_masks(
     init_logits: torch.Tensor | None = None,
     entropy_weight: float = 0.0,
     refine_sweeps: int = 2,
+    refine_moves: int = 0,
     n_candidates: int = 64,
     candidate_batch: int = 32,
     target_tokens: Sequence[int] | None = None,
@@ -345,7 +404,8 @@ def invert_block0_masks(
     added to the initial logits, e.g. the log of a public unigram distribution (a prior
     any server has). ``tau`` = (start, end) temperature in log-score units. ``relaxation`` is
     ``"histogram"`` or ``"embedding"`` (see the module docstring).
-    ``entropy_weight`` > 0 adds a penalty on the soft tokens' entropy, ramped up linearly,
+    ``refine_sweeps`` / ``refine_moves``: the two discrete refinements (module docstring),
+    one after the other. ``entropy_weight`` > 0 adds a penalty on the soft tokens' entropy, ramped up linearly,
     pushing them towards one-hot. ``time_limit`` (seconds) stops the gradient stage early.
     ``target_tokens`` / ``tokenizer`` are only used for reporting.
     """
@@ -440,6 +500,10 @@ def invert_block0_masks(
         history.append({"refine_sweep": sweep, "agreement": current / prob.n_bits})
         if not improved:
             break
+    if refine_moves:
+        counts = torch.bincount(tokens, minlength=V)
+        counts, current = refine_bag(prob, U, counts, cand, refine_moves, tau[1], history)
+        tokens = torch.repeat_interleave(torch.arange(V), counts)
 
     tokens_list = [int(t) for t in tokens]
     per_layer = _agreement_exact(
@@ -455,6 +519,7 @@ def invert_block0_masks(
         mask_agreement=_total(per_layer, prob.targets),
         mask_agreement_layers=per_layer,
         gradient_agreement=gradient_agreement,
+        gradient_tokens=[int(t) for t in best_tokens],
         baseline_agreement=baseline,
         seconds=0.0,
         history=history,

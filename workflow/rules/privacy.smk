@@ -531,3 +531,84 @@ rule privacy_attribute:
     (reports/privacy_attribute.*; not part of rule all)."""
     input:
         PRIVACY.attribute_outputs(),
+
+
+rule privacy_heldout_text:
+    """Every window of the calibration dataset's held-out evaluation text: public in-domain text for a prior."""
+    input:
+        model=MODEL_READY,
+    output:
+        PRIVACY.heldout_text(),
+    log:
+        f"{LOGS}/privacy/heldout_text.log",
+    benchmark:
+        f"{BENCH}/privacy/heldout_text.tsv"
+    localrule: True
+    conda:
+        "../../envs/fedlib.yaml"
+    params:
+        model=model_folder,
+        data_dir=data_dir_arg(),
+        dataset=Calib.parse(PRIVACY.calib).dataset,
+        seqlen=EVAL["seqlen"],
+        c4_docs=span_arg("--c4-docs", EVAL.get("c4_docs")),
+    shell:
+        "python -m fedlib eval-windows --model {params.model} --data-dir {params.data_dir} "
+        "--dataset {params.dataset} --seqlen {params.seqlen} {params.c4_docs} --out {output} > {log} 2>&1"
+
+
+rule privacy_inversion_client_attack:
+    """The server inverts one client's uploaded block-0 q/k/v masks to the bag of its whole calibration set."""
+    input:
+        model=MODEL_READY,
+        mask=lambda wc: PRIVACY.client_masks()[int(wc.client)],
+        shard=lambda wc: PRIVACY.shard(int(wc.client)),
+        priors=[p["file"] for p in PRIVACY.inversion_client_priors().values()],
+    output:
+        PRIVACY.inversion_client_json("{client}"),
+    log:
+        f"{LOGS}/privacy/inversion_client/client_{{client}}.log",
+    benchmark:
+        f"{BENCH}/privacy/inversion_client/client_{{client}}.tsv"
+    wildcard_constraints:
+        client="[0-9]+",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["priors"]),
+    params:
+        model=model_folder,
+        priors=lambda wc: " ".join(f"{name}={p['file']}" for name, p in PRIVACY.inversion_client_priors().items()),
+        steps=PRIVACY.inversion_client()["steps"],
+        moves=PRIVACY.inversion_client()["refine_moves"],
+        candidates=PRIVACY.inversion_client()["candidates"],
+    shell:
+        "python -m fedlib privacy inversion-client --model {params.model} --mask {input.mask} --shard {input.shard} "
+        "--prior {params.priors} --steps {params.steps} --refine-moves {params.moves} "
+        "--candidates {params.candidates} --threads {threads} --out {output} > {log} 2>&1"
+
+
+rule privacy_inversion_client_report:
+    input:
+        PRIVACY.inversion_client_spec()["results"],
+    output:
+        PRIVACY.inversion_client_outputs(),
+    log:
+        f"{LOGS}/report/privacy_inversion_client.log",
+    benchmark:
+        f"{BENCH}/report/privacy_inversion_client.tsv"
+    localrule: True
+    conda:
+        "../../envs/fedlib.yaml"
+    params:
+        spec=json.dumps(PRIVACY.inversion_client_spec()),
+    shell:
+        "python -m fedlib privacy inversion-client-report --spec {params.spec:q} > {log} 2>&1"
+
+
+rule privacy_inversion_client:
+    """The server inverts clients' uploaded masks to their whole calibration sets
+    (reports/privacy_inversion_client.*; not part of rule all)."""
+    input:
+        PRIVACY.inversion_client_outputs(),

@@ -116,3 +116,81 @@ def tiny_inversion_cases(lengths: Sequence[int], seed: int = 0, sparsity: float 
         row = _inversion_row(r, target, T, None, {"model": "tiny (vocab 32, hidden 64)", "text_index": 0})
         rows.append(row)
     return rows
+
+
+def read_upload(model_handle, mask_path: Path, shard_rows: int, layers: Sequence[str]) -> tuple[dict, dict]:
+    """(block-0 masks {full layer name: mask}, the header's settings) of a client's mask file as the
+    server receives it: header-checked against the model; it must be a Wanda client mask of a
+    uniform group (the attack's model of the mask) over ``shard_rows`` samples."""
+    from fedlib.groups import GROUPS
+    from fedlib.maskcode import MagnitudeReference
+    from fedlib.maskfile import MaskFile, MaskFileError, read_header
+    from fedlib.privacy.inversion import layer_name
+
+    reference = MagnitudeReference.of_model(model_handle) if read_header(mask_path).format_version == 2 else None
+    mf = MaskFile(Path(mask_path), model_handle.fingerprint(), model_handle.layers(), reference=reference)
+    h = mf.header
+    checks = (("role", h.role, "client"), ("method", h.method, "wanda"), ("allocation", h.allocation, "uniform"))
+    for name, found, wanted in checks:
+        if found != wanted:
+            raise MaskFileError(mask_path, name, f"{found!r}; the inversion inverts a {wanted!r} client mask")
+    if h.group not in GROUPS:
+        raise MaskFileError(mask_path, "group", f"{h.group!r}; the inversion supports {', '.join(GROUPS)}")
+    if h.n_samples != shard_rows:
+        raise MaskFileError(mask_path, "n_samples", f"{h.n_samples}, but the client's shard has {shard_rows} rows")
+    masks = {layer_name(s): mf.layer_mask(layer_name(s)) for s in layers}
+    return masks, {"sparsity": h.sparsity, "group": h.group, "seed": h.seed, "client_id": h.client_id}
+
+
+def client_inversion(
+    model,
+    mask_path: Path,
+    shard: torch.Tensor,
+    priors: Mapping[str, torch.Tensor],
+    init_prior: str | None,
+    steps: int = 300,
+    refine_moves: int = 0,
+    n_candidates: int = 2048,
+    layers: Sequence[str] | None = None,
+) -> dict:
+    """The server inverts one client's uploaded block-0 q/k/v masks (``mask_path``) back to the
+    bag of all its calibration tokens (``shard``, (n, seqlen), used only to score the attack).
+
+    The sparsity, group and tie-break seed are the upload's (its header: the server knows them);
+    T = the shard's token count (n_samples x seqlen: the server knows both). First a check that
+    can fail: the uploaded masks equal the Wanda masks of the shard's tokens taken as one bag
+    (the statistic has no positions). ``priors``: public unigram distributions by name; each
+    gives a unigram-guess baseline (the bag of T tokens a server guesses without the mask), and
+    ``init_prior`` names the one the attack starts from."""
+    from fedlib.models import ModelHandle
+    from fedlib.privacy.inversion import QKV, _round_histogram, bag_overlap, invert_block0_masks, wanda_block0_masks
+    from fedlib.runner import CPU, resident_block
+
+    layers = list(layers or QKV)
+    handle = ModelHandle.of(model)
+    target_masks, settings = read_upload(handle, Path(mask_path), int(shard.shape[0]), layers)
+    target = [int(t) for t in shard.flatten()]
+    T = len(target)
+    if init_prior is not None and init_prior not in priors:
+        raise ValueError(f"init_prior {init_prior!r} is not one of the priors {sorted(priors)}")
+    sparsity, group, seed = settings["sparsity"], settings["group"], settings["seed"]
+    with resident_block(handle, 0, CPU):
+        bag_masks = wanda_block0_masks(handle.model, target, layers, sparsity, group, seed)
+        init = torch.log(priors[init_prior]).float() if init_prior is not None else None
+        r = invert_block0_masks(handle.model, target_masks, T, sparsity, group, seed, steps=steps,
+                                refine_sweeps=0, refine_moves=refine_moves, n_candidates=n_candidates,
+                                init_logits=init, target_tokens=target)
+    return {
+        "analysis": "inversion_client", "model_fingerprint": handle.fingerprint(), "mask_file": str(mask_path),
+        **settings, "layers": list(target_masks), "tokens": T, "samples": int(shard.shape[0]),
+        "seqlen": int(shard.shape[1]), "distinct_tokens": len(set(target)), "steps": steps,
+        "refine_moves": refine_moves, "candidates": n_candidates, "init_prior": init_prior,
+        "upload_is_bag_mask": {n: bool(torch.equal(bag_masks[n], m)) for n, m in target_masks.items()},
+        "bag_overlap": r.bag_overlap, "gradient_bag_overlap": bag_overlap(r.gradient_tokens, target),
+        "mask_agreement": r.mask_agreement, "gradient_agreement": r.gradient_agreement,
+        "baseline_agreement": r.baseline_agreement, "true_tokens_agreement": r.true_tokens_agreement,
+        "moves": sum(1 for h in r.history if "refine_move" in h),
+        "unigram_bag_overlap": {name: bag_overlap(_round_histogram(p, T).tolist(), target)
+                                for name, p in priors.items()},
+        "decoded_tokens": r.tokens, "gradient_tokens": r.gradient_tokens, "target_tokens": target,
+    }
