@@ -395,7 +395,7 @@ def _check_attribute(cfg: dict, at: dict, problems: _Problems) -> None:
 
 def _check_inversion_client(cfg: dict, inv: dict, problems: _Problems) -> None:
     n = cfg["clients"]["n"]
-    outside = [c for c in inv["clients"] if c >= n]
+    outside = [c for c in inv["clients"] or [] if c >= n]
     if outside:
         problems.add("privacy.inversion_client.clients", inv["clients"], f"clients of the default setting, 0..{n - 1}")
 

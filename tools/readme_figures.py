@@ -356,6 +356,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
         ("privacy-secagg", "reports/privacy_secagg.csv"),
         ("privacy-membership-scale", "reports/privacy_membership_scale.csv"),
         ("privacy-attribute", "reports/privacy_attribute.csv"),
+        ("privacy-inversion-client", "reports/privacy_inversion_client.csv"),
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
 }

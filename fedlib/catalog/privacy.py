@@ -23,7 +23,7 @@ DEFAULTS = {
     "membership_scale": {"sizes": [[2, 512]], "seeds": [0, 1, 2], "targets": 16, "pairs": 4, "population": 64},
     "attribute": {"domain": "wikitext2", "terms": ["water"], "samples": 2, "seqlen": 512, "seeds": [0, 1, 2],
                   "trials": 16, "pairs": 16, "population": 512, "domain_population": 64},
-    "inversion_client": {"clients": [0, 1, 2], "steps": 300, "refine_moves": 200, "candidates": 2048,
+    "inversion_client": {"clients": None, "steps": 300, "refine_moves": 200, "candidates": 2048,
                          "prior_samples": 32},
 }
 ANALYSES = ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence")
@@ -267,6 +267,11 @@ class PrivacyCatalog:
     def inversion_client(self) -> dict:
         return self.of("run", "inversion_client")
 
+    def inversion_clients(self) -> list[int]:
+        """The clients whose uploads the server inverts (default: every client of the setting)."""
+        clients = self.inversion_client()["clients"]
+        return list(range(self._split.clients)) if clients is None else [int(c) for c in clients]
+
     def heldout_text(self) -> str:
         """Every evaluation window of the calibration dataset's held-out text: public in-domain text."""
         return f"{self.results}/privacy/public/{self._calib.dataset}-heldout.safetensors"
@@ -287,7 +292,7 @@ class PrivacyCatalog:
             "context": self.catalog.report_context(self.calib, self.split, self.prune),
             "out_dir": self.catalog.reports,
             "priors": {name: p["label"] for name, p in self.inversion_client_priors().items()},
-            "results": [self.inversion_client_json(c) for c in self.inversion_client()["clients"]],
+            "results": [self.inversion_client_json(c) for c in self.inversion_clients()],
         }
 
     def inversion_client_outputs(self) -> list[str]:

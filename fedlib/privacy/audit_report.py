@@ -790,6 +790,10 @@ def _mean_cell(values) -> str:
     return f"{pct(mean, 1)} {_ci(max(lo, 0.0), min(hi, 1.0), lambda x: pct(x, 1))}"  # a mean rate lies in [0, 1]
 
 
+#: the bag an inversion-client result scores: the gradient stage's, and after the moves
+STAGES = ("gradient_bag_overlap", "bag_overlap")
+
+
 def inversion_client_table(spec: dict) -> list[Path]:
     """``privacy_inversion_client.{md,csv,html}``: the server inverts clients' uploaded block-0 q/k/v
     masks to the bag of all their calibration tokens (:func:`fedlib.privacy.stages.inversion.client_inversion`),
@@ -816,18 +820,19 @@ def inversion_client_table(spec: dict) -> list[Path]:
         rows.append([res["client_id"], f"{res['tokens']:,} ({res['distinct_tokens']:,})", upload,
                      pct(res["gradient_bag_overlap"], 1), f"{pct(res['bag_overlap'], 1)} ({res['moves']})",
                      *[pct(res["unigram_bag_overlap"][p], 1) for p in priors],
-                     f"{100 * (res['bag_overlap'] - res['unigram_bag_overlap'][init]):+.1f} pp",
+                     *[f"{100 * (res[key] - res['unigram_bag_overlap'][init]):+.1f} pp" for key in STAGES],
                      f"{pct(res['mask_agreement'], 3)} / {pct(res['baseline_agreement'], 3)}"])
     if len(results) > 1:
         from fedlib.privacy.membership import t_interval
 
-        gain = [r["bag_overlap"] - r["unigram_bag_overlap"][init] for r in results]
-        mean, lo, hi = t_interval(gain)
+        gains = []
+        for key in STAGES:
+            mean, lo, hi = t_interval([r[key] - r["unigram_bag_overlap"][init] for r in results])
+            gains.append(f"{100 * mean:+.1f} pp [{100 * lo:+.1f}, {100 * hi:+.1f}]")
         rows.append([f"mean of {len(results)} clients [95 % t interval]", "", "",
                      _mean_cell([r["gradient_bag_overlap"] for r in results]),
                      _mean_cell([r["bag_overlap"] for r in results]),
-                     *[_mean_cell([r["unigram_bag_overlap"][p] for r in results]) for p in priors],
-                     f"{100 * mean:+.1f} pp [{100 * lo:+.1f}, {100 * hi:+.1f}]",
+                     *[_mean_cell([r["unigram_bag_overlap"][p] for r in results]) for p in priors], *gains,
                      f"{pct(statistics.mean(r['mask_agreement'] for r in results), 3)} / "
                      f"{pct(statistics.mean(r['baseline_agreement'] for r in results), 3)}"])
     layers = ", ".join(n.rsplit(".", 1)[-1] for n in first["layers"])
@@ -854,7 +859,8 @@ def inversion_client_table(spec: dict) -> list[Path]:
     columns = ["Client", "T tokens (distinct)", "Upload = bag masks", "Bag recovered: gradient stage",
                "Bag recovered: after the moves (moves)",
                *[f"Unigram guess: {spec['priors'][p]}" for p in priors],
-               f"Attack − unigram guess ({spec['priors'][init]})", "Mask agreement: attack / random tokens"]
+               *[f"Attack − unigram guess ({spec['priors'][init]}): {stage}" for stage in ("gradient stage", "after the moves")],
+               "Mask agreement: attack / random tokens"]
     return _write_tables(Path(spec["out_dir"]), "inversion_client", "",
                          "Inverting clients' uploaded masks to their whole calibration sets", header, columns, rows)
 
