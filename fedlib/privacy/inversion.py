@@ -502,7 +502,7 @@ def invert_block0_masks(
             break
     if refine_moves:
         counts = torch.bincount(tokens, minlength=V)
-        counts, current = refine_bag(prob, U, counts, cand, refine_moves, tau[1], history)
+        counts, _ = refine_bag(prob, U, counts, cand, refine_moves, tau[1], history)
         tokens = torch.repeat_interleave(torch.arange(V), counts)
 
     tokens_list = [int(t) for t in tokens]

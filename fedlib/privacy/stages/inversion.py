@@ -1,6 +1,7 @@
 """Stage ``inversion``: the honest-but-curious server reconstructs calibration tokens from the
 client's block-0 ``q_proj`` mask (:func:`fedlib.privacy.inversion.invert_block0_masks`), on the
-real model and on a tiny model where recovery is exact."""
+real model and on a tiny model where recovery is exact; and :func:`client_inversion`, the same
+attack on a client's uploaded mask file against the bag of its whole calibration set."""
 
 from __future__ import annotations
 
