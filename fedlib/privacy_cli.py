@@ -438,13 +438,6 @@ def _cmd_inversion_client(args) -> None:
           f"{result['gradient_bag_overlap']:.3f}; unigram guess {result['unigram_bag_overlap']})")
 
 
-def _cmd_inversion_client_report(args) -> None:
-    from fedlib.privacy.audit_report import inversion_client_table
-
-    for path in inversion_client_table(json.loads(args.spec)):
-        print(f"wrote {path}")
-
-
 def _cmd_rr_aggregate(args) -> None:
     from fedlib.privacy.stages.defence import rr_aggregate
 
@@ -457,44 +450,23 @@ def _cmd_rr_aggregate(args) -> None:
          f"{record['global_hamming_vs_clean']:.4%} of the weights")
 
 
-def _cmd_dp_report(args) -> None:
-    from fedlib.privacy.audit_report import dp_table
-
-    for path in dp_table(json.loads(args.spec)):
-        print(f"wrote {path}")
+#: the report verbs -> the fedlib.privacy.audit_report function that writes their tables from --spec
+REPORT_WRITERS = {"report": "write_reports", "dp-report": "dp_table", "scale-report": "membership_scale_table",
+                  "attribute-report": "attribute_table", "inversion-client-report": "inversion_client_table"}
 
 
-def _cmd_scale_report(args) -> None:
-    from fedlib.privacy.audit_report import membership_scale_table
+def _cmd_report_tables(args) -> None:
+    from fedlib.privacy import audit_report
 
-    for path in membership_scale_table(json.loads(args.spec)):
-        print(f"wrote {path}")
-
-
-def _cmd_attribute_report(args) -> None:
-    from fedlib.privacy.audit_report import attribute_table
-
-    for path in attribute_table(json.loads(args.spec)):
-        print(f"wrote {path}")
-
-
-def _cmd_report(args) -> None:
-    from fedlib.privacy.audit_report import write_reports
-
-    for path in write_reports(json.loads(args.spec)):
+    for path in getattr(audit_report, REPORT_WRITERS[args.analysis])(json.loads(args.spec)):
         print(f"wrote {path}")
 
 
 COMMANDS = {
     "entropy": _cmd_entropy, "similarity": _cmd_similarity, "sensitivity": _cmd_sensitivity,
     "membership": _cmd_membership, "secagg": _cmd_secagg, "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
-    "report": _cmd_report,
-    "dp-report": _cmd_dp_report,
-    "scale-report": _cmd_scale_report,
-    "attribute": _cmd_attribute,
-    "attribute-report": _cmd_attribute_report,
-    "inversion-client": _cmd_inversion_client,
-    "inversion-client-report": _cmd_inversion_client_report,
+    "attribute": _cmd_attribute, "inversion-client": _cmd_inversion_client,
+    **{verb: _cmd_report_tables for verb in REPORT_WRITERS},
 }
 
 
