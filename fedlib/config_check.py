@@ -342,6 +342,8 @@ def _check_model_sizes(cfg: dict, model: dict, problems: _Problems) -> None:
             key = _privacy_key(cfg, size, "inversion", "tokens")
             lengths += [(key, t) for t in by_analysis["inversion"]["tokens"]]
         lengths += [("privacy.membership_scale.sizes", t) for _, t in sizes(cfg)["run"]["membership_scale"]["sizes"]]
+        lengths += [("privacy.membership_shared.sizes.seqlen", sz["seqlen"])
+                    for sz in sizes(cfg)["run"]["membership_shared"]["sizes"]]
         lengths.append(("privacy.attribute.seqlen", sizes(cfg)["run"]["attribute"]["seqlen"]))
         for key, length in lengths:
             if length > context:
@@ -379,6 +381,19 @@ def _check_membership_scale(sc: dict, problems: _Problems) -> None:
     for samples, seqlen in sc["sizes"]:
         if samples >= sc["population"]:
             problems.add("privacy.membership_scale.sizes", [samples, seqlen], f"samples less than {population}")
+
+
+def _check_membership_shared(sh: dict, problems: _Problems) -> None:
+    """Shadow data sets are partitions of the population into data sets (every row in as many)."""
+    for size in sh["sizes"]:
+        samples, population = size["samples"], size["population"]
+        if samples >= population or population % samples:
+            problems.add("privacy.membership_shared.sizes.population", population,
+                         f"a multiple of samples ({samples}) above it", "shadow data sets partition the population")
+        elif size["shadows"] % (population // samples):
+            problems.add("privacy.membership_shared.sizes.shadows", size["shadows"],
+                         f"a multiple of population / samples = {population // samples}",
+                         "every population row is in as many shadow data sets")
 
 
 def _check_attribute(cfg: dict, at: dict, problems: _Problems) -> None:
@@ -422,6 +437,7 @@ def _check_privacy(cfg: dict, problems: _Problems) -> None:
                 problems.add(_privacy_key(cfg, size, "sensitivity", "neighbours"), neighbours,
                              f"at most {others}, the calibration samples of clients 1..{n - 1}")
     _check_membership_scale(privacy.scale(), problems)
+    _check_membership_shared(privacy.shared(), problems)
     _check_attribute(cfg, privacy.attribute(), problems)
     _check_inversion_client(cfg, privacy.inversion_client(), problems)
     for size, by_analysis in privacy.sizes.items():

@@ -7,6 +7,7 @@ Building the ``fedlib`` parser must not import torch: the handlers import their 
     fedlib privacy similarity   --model M --out X.json [--seeds 1 2 ...] CLIENT_MASKS...
     fedlib privacy sensitivity  --model M --calib D.safetensors --replacements R.safetensors... --out X.json
     fedlib privacy membership   --model M --population P.safetensors --targets T --blocks B --out X.json
+    fedlib privacy membership-shared --model M --population P.safetensors --samples N --shadows S --clients C --out X.json
     fedlib privacy secagg       --model M --population P.safetensors --cohorts 1 2 4 8 16 --out X.json
     fedlib privacy attribute    --model M --population P.safetensors (--term WORD | --domain-pool D.safetensors) --out X.json
     fedlib privacy inversion    --model M --texts T16.safetensors ... --out X.json
@@ -14,11 +15,12 @@ Building the ``fedlib`` parser must not import torch: the handlers import their 
     fedlib privacy rr-aggregate --model M --epsilon E --group layer --out G.mask.safetensors --record X.json MASKS...
     fedlib privacy report       --spec JSON
     fedlib privacy scale-report --spec JSON
+    fedlib privacy shared-report --spec JSON
     fedlib privacy attribute-report --spec JSON
     fedlib privacy inversion-client-report --spec JSON
 
-The verbs that compute masks (similarity, sensitivity, membership, secagg, attribute) take the clients' pruning
-options, ``--method-options`` included (JSON, as ``fedlib client-mask --method-options``).
+The verbs that compute masks (similarity, sensitivity, membership, membership-shared, secagg, attribute) take
+the clients' pruning options, ``--method-options`` included (JSON, as ``fedlib client-mask --method-options``).
 """
 
 from __future__ import annotations
@@ -137,6 +139,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--out", required=True)
 
+    p = sub.add_parser("membership-shared", help="membership inference against the whole mask with shadow masks "
+                       "shared by every target (fedlib.privacy.stages.membership_shared)")
+    p.add_argument("--model", required=True)
+    _pruning_args(p)
+    p.add_argument("--population", required=True, help="token file: every row is a target of every mask")
+    p.add_argument("--samples", type=int, required=True, help="rows in a client's data set")
+    p.add_argument("--shadows", type=int, required=True,
+                   help="the attacker's masks (a multiple of population rows / samples)")
+    p.add_argument("--clients", type=int, required=True, help="observed client masks, one designated target each")
+    p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001])
+    p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--out", required=True)
+
     p = sub.add_parser("secagg", help="membership inference on the sum of m client masks (what secure aggregation "
                        "shows the server) and on its global mask, per m")
     _shadow_game_args(p, "each client's data set")
@@ -217,6 +232,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "and pooled")
     p.add_argument("--spec", required=True, help="JSON: context, output folder, per size the membership files of "
                                                  "its seeds (fedlib.privacy.audit_report.membership_scale_table)")
+
+    p = sub.add_parser("shared-report", help="the shared-shadow membership games, per size and seed, and pooled")
+    p.add_argument("--spec", required=True, help="JSON: context, output folder, per size the membership-shared files of "
+                                                 "its seeds (fedlib.privacy.audit_report.membership_shared_table)")
 
     p = sub.add_parser("attribute-report", help="the attribute inference games, per property and seed, and pooled")
     p.add_argument("--spec", required=True, help="JSON: context, output folder, per property the attribute files of "
@@ -347,6 +366,21 @@ def _cmd_membership(args) -> None:
     _write_json(args.out, result)
 
 
+def _cmd_membership_shared(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.privacy.stages.membership_shared import membership_shared_audit
+
+    model, placement = _open(args)
+    pop, _ = load_tokens(Path(args.population))
+    result = membership_shared_audit(model, pop, args.samples, args.shadows, args.clients, args.method, args.sparsity,
+                                     args.group, args.seed, args.fprs, args.confidence, args.batch_size,
+                                     args.method_options, placement)
+    result["population_file"] = str(args.population)
+    _write_json(args.out, result)
+    print(f"membership-shared: AUC over {result['pairs']['masks']} client masks x {pop.shape[0]} targets "
+          f"{result['pairs']['auc']:.3f} ({result['seconds']:.0f}s)")
+
+
 def _cmd_attribute(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.attribute import attribute_audit, term_rows
@@ -452,6 +486,7 @@ def _cmd_rr_aggregate(args) -> None:
 
 #: the report verbs -> the fedlib.privacy.audit_report function that writes their tables from --spec
 REPORT_WRITERS = {"report": "write_reports", "dp-report": "dp_table", "scale-report": "membership_scale_table",
+                  "shared-report": "membership_shared_table",
                   "attribute-report": "attribute_table", "inversion-client-report": "inversion_client_table"}
 
 
@@ -464,7 +499,8 @@ def _cmd_report_tables(args) -> None:
 
 COMMANDS = {
     "entropy": _cmd_entropy, "similarity": _cmd_similarity, "sensitivity": _cmd_sensitivity,
-    "membership": _cmd_membership, "secagg": _cmd_secagg, "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
+    "membership": _cmd_membership, "membership-shared": _cmd_membership_shared, "secagg": _cmd_secagg,
+    "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
     "attribute": _cmd_attribute, "inversion-client": _cmd_inversion_client,
     **{verb: _cmd_report_tables for verb in REPORT_WRITERS},
 }

@@ -422,6 +422,19 @@ def test_membership_scale_sizes():
         check(config_with(("privacy.membership_scale.sizes", [[2]])))
 
 
+def test_membership_shared_sizes():
+    size = {"samples": 2, "seqlen": 16, "population": 4, "shadows": 4, "clients": 4}
+    check(config_with(("privacy.membership_shared", {"sizes": [size], "seeds": [0]})))
+    assert_refused(config_with(("privacy.membership_shared.sizes", [{**size, "population": 5}])),
+                   "privacy.membership_shared.sizes.population", 5, "a multiple of samples (2) above it")
+    assert_refused(config_with(("privacy.membership_shared.sizes", [{**size, "shadows": 3}])),
+                   "privacy.membership_shared.sizes.shadows", 3, "a multiple of population / samples = 2")
+    assert_refused(config_with(("privacy.membership_shared.sizes", [{**size, "seqlen": 4096}])),
+                   "privacy.membership_shared.sizes.seqlen", 4096, "at most")
+    with pytest.raises(WorkflowError):  # the schema: every field of a size
+        check(config_with(("privacy.membership_shared.sizes", [{"samples": 2}])))
+
+
 def test_catalog_refusals_are_listed_with_the_rest():
     config = config_with(("studies.fedspallm", {"clients": [2], "standalone_clients": 1, "resources": [0.5] * 3}),
                          ("privacy.defence", {"epsilons": [1], "group": "layer", "datasets": ["wikitext2", "c4"]}),

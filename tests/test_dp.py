@@ -221,3 +221,53 @@ def test_dp_report_checks_audited_against_proven(tiny_model_dir, tmp_path):
     audit["attack"]["epsilon_lr1"]["epsilon_lb"] = 3.5
     (tmp_path / "3.membership").write_text(json.dumps(audit))
     assert table()["3"]["audit ≤ proven"] == "NO"
+
+
+def test_dp_utility_table_against_its_inputs(tiny_model_dir, tmp_path):
+    """``privacy_dp_utility``: per federation the ratio to its own no-DP perplexity, the public
+    ε = 0 row, and randomized response at bits per client × per-bit ε (recomputed here); a
+    mask file that proves another ε than its row is refused, naming the file."""
+    import csv
+
+    from fedlib.cli import main
+    from fedlib.data import save_tokens
+    from fedlib.privacy.audit_report import dp_utility_table
+
+    calib = tmp_path / "calib.safetensors"
+    save_tokens(calib, torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0)), dataset="test")
+
+    def result(name, value):
+        path = tmp_path / name
+        path.write_text(json.dumps({"model_fingerprint": "f" * 64, "applied": {}, "perplexity": {
+            "wikitext2": {"ppl": value, "windows": 1, "total_windows": 1, "seqlen": 8}}}))
+        return str(path)
+
+    masks = {}
+    for eps in ("inf", "3"):
+        dp = [] if eps == "inf" else ["--dp-epsilon", eps, "--dp-delta", "1e-5", "--dp-clip", "1"]
+        masks[eps] = str(tmp_path / f"{eps}.mask")
+        assert main(["client-mask", "--model", str(tiny_model_dir), "--calib", str(calib), *dp,
+                     "--out", masks[eps]]) == 0
+    record = tmp_path / "rr.record.json"
+    record.write_text(json.dumps({"bits_per_client": 5000, "n_clients": 3}))
+    federations = [{"clients": 2, "samples": s, "data": "test",
+                    "settings": {"inf": {"client_mask": masks["inf"], "eval": result(f"{s}inf", 40.0)},
+                                 "3": {"client_mask": masks["3"], "eval": result(f"{s}e3", ppl)}}}
+                   for s, ppl in ((1, 90.0), (4, 50.0))]
+    spec = {"context": {"model": "tiny", "config": "test", "seed": 0}, "out_dir": str(tmp_path), "suffix": "",
+            "datasets": ["wikitext2"], "seqlen": 12, "samples_per_client": 1, "delta": 1e-5, "clip": 1.0,
+            "utility": {"federations": federations,
+                        "public": {"mask": masks["inf"], "eval": result("public", 45.0), "text": "t"},
+                        "randomized_response": {"records": {"2": str(record)}, "evals": {"2": result("rr", 900.0)},
+                                                "clients": 3},
+                        "dense_eval": result("dense", 30.0)}}
+    paths = dp_utility_table(spec)
+    assert paths[-1].suffix == ".png" and paths[-1].stat().st_size > 0
+    rows = [r for r in csv.reader((tmp_path / "privacy_dp_utility.csv").open()) if len(r) == 6][1:]
+    assert [(r[2], r[4], r[5]) for r in rows] == [
+        ("-", "30.00", "-"), ("∞", "40.00", "1×"), ("3", "90.00", f"{90 / 40:.3g}×"),
+        ("∞", "40.00", "1×"), ("3", "50.00", f"{50 / 40:.3g}×"), ("0", "45.00", "-"),
+        (f"{2 * 5000:.3g} (bits per client × per-bit ε)", "900.00", "-")]
+    federations[0]["settings"]["5"] = federations[0]["settings"].pop("3")
+    with pytest.raises(ValueError, match="3.mask.*ε=3"):
+        dp_utility_table(spec)

@@ -318,6 +318,26 @@ def test_membership_scale_target_runs(tmp_path):
     assert rows[3][2] == "4 / 4"
 
 
+def test_membership_shared_target_runs(tmp_path):
+    """privacy_membership_shared: one game per seed on the whole mask, then the table with a row
+    per seed and the pooled row; each game's JSON is the size the config asked for."""
+    import json
+
+    copy_test_dir(tmp_path)
+    snakemake(tmp_path, "privacy_membership_shared", "--configfile", "config.yaml")
+    games = sorted(tmp_path.glob("results/privacy/*/*/*/membership_shared/2x16-of4-s4-c4/seed*.json"))
+    assert [g.name for g in games] == ["seed0.json", "seed1.json"]
+    for seed, path in enumerate(games):
+        res = json.loads(path.read_text())
+        assert [res[k] for k in ("seed", "samples", "seqlen", "population", "shadows", "clients")] == \
+            [seed, 2, 16, 4, 4, 4]
+        assert res["observed_layers"] == 14 and len(res["scores"]) == 4
+    rows = list(csv.reader((tmp_path / "reports" / "privacy_membership_shared.csv").open()))
+    body = [r for r in rows[1:] if r and r[0] == "2 × 16"]
+    assert [r[1] for r in body] == ["0", "1", "pooled, 2 seeds"]
+    assert body[2][3] == "16 / 16"
+
+
 def test_attribute_target_runs(tmp_path):
     """privacy_attribute: one game per property and seed on the whole mask, then the table with a
     row per seed and a pooled row per property."""
@@ -358,3 +378,23 @@ def test_inversion_client_target_runs(tmp_path):
     body = [r for r in rows[1:] if r and (r[0] in ("0", "1") or r[0].startswith("mean of"))]
     assert [r[0] for r in body] == ["0", "1", "mean of 2 clients [95 % t interval]"]
     assert [r[2] for r in body[:2]] == ["yes", "yes"]
+
+
+def test_dp_target_runs(tmp_path):
+    """privacy_dp: the audited table, and the utility table with a federation of larger clients
+    (a pool split IID), the ε = 0 public-text model and randomized response beside them."""
+    from fedlib.maskfile import read_header
+
+    copy_test_dir(tmp_path)
+    snakemake(tmp_path, "privacy_dp", "--configfile", "config.yaml")
+    base = next(tmp_path.glob("results/privacy/*/*/*/run/dp"))
+    larger = read_header(base / "c4-4x32" / "64" / "client_1.mask.safetensors")
+    assert larger.n_samples == 2 and "dp" in larger.extra
+    assert read_header(base / "public" / "0" / "global.mask.safetensors").n_samples == 4
+    rows = list(csv.reader((tmp_path / "reports" / "privacy_dp_utility.csv").open()))
+    body = [r for r in rows[1:] if r and r[0] != "Mechanism" and len(r) == 6]
+    assert [(r[1].split(" (")[0], r[2]) for r in body if "DP" in r[0]] == [
+        ("2 × 1 × 32", "∞"), ("2 × 1 × 32", "64"), ("2 × 2 × 32", "∞"), ("2 × 2 × 32", "64")]
+    assert [r[2] for r in body if r[0].startswith("Wanda on public text")] == ["0"]
+    assert any(r[0].startswith("Randomized response") for r in body)
+    assert (tmp_path / "reports" / "privacy_dp_utility.png").stat().st_size > 0

@@ -19,8 +19,10 @@ DEFAULTS = {
     "inversion": {"tokens": [16], "texts": 1, "steps": 300, "prior": False, "prior_samples": 32,
                   "tiny": [1, 2, 3]},
     "defence": {"epsilons": [1, 4], "group": "layer", "datasets": ["wikitext2"]},
-    "dp": {"epsilons": [8, 64, 512], "delta": 1e-5, "clip": 1.0, "clients": 4},
+    "dp": {"epsilons": [8, 64, 512], "delta": 1e-5, "clip": 1.0, "clients": 4, "samples": [32]},
     "membership_scale": {"sizes": [[2, 512]], "seeds": [0, 1, 2], "targets": 16, "pairs": 4, "population": 64},
+    "membership_shared": {"sizes": [{"samples": 2, "seqlen": 512, "population": 8, "shadows": 8, "clients": 8}],
+                          "seeds": [0, 1, 2]},
     "attribute": {"domain": "wikitext2", "terms": ["water"], "samples": 2, "seqlen": 512, "seeds": [0, 1, 2],
                   "trials": 16, "pairs": 16, "population": 512, "domain_population": 64},
     "inversion_client": {"clients": None, "steps": 300, "refine_moves": 200, "candidates": 2048,
@@ -33,6 +35,11 @@ SIZES = ("run", "full")
 def eps_name(eps) -> str:
     """A per-bit ε as it appears in file names (1 -> 1, 0.5 -> 0.5)."""
     return f"{float(eps):g}"
+
+
+def shared_size_name(size: dict) -> str:
+    """A privacy_membership_shared size as a file-name part: 32x512-of64-s8-c12."""
+    return f"{size['samples']}x{size['seqlen']}-of{size['population']}-s{size['shadows']}-c{size['clients']}"
 
 
 def sizes(config) -> dict:
@@ -166,20 +173,42 @@ class PrivacyCatalog:
             "dense_eval": self.catalog.eval_json(self.calib, self.split, self.prune, "dense"),
         }
 
-    def dp_clients(self, size: str) -> int:
-        """How many of the setting's clients the DP table's federation has (the first ones)."""
-        return min(self.of(size, "dp")["clients"], self._split.clients)
+    # -- DP client masks (target privacy_dp) ------------------------------------------------------
+    # A federation is "setting" (the setting's first clients: the audited one) or the calib
+    # component of a pool split IID among dp.clients clients (the utility curve's larger
+    # clients); "public" is the server calibrating on public text alone (ε = 0).
 
-    def dp_client_mask(self, size: str, eps, client: int) -> str:
-        """A client's DP mask file; ε = ∞ is its plain mask (the same bytes, already computed)."""
-        if float(eps) == float("inf"):
+    def dp_clients(self, size: str, fed: str = "setting") -> int:
+        """How many clients federation ``fed`` has (the setting's: its first ones)."""
+        clients = self.of(size, "dp")["clients"]
+        return min(clients, self._split.clients) if fed == "setting" else clients
+
+    def dp_federations(self, size: str) -> dict[str, int]:
+        """Federation -> samples per client: the setting's, then one per ``dp.samples``."""
+        d = self.of(size, "dp")
+        feds = {"setting": max(1, self._calib.nsamples // self._split.clients)}
+        for n in d["samples"]:
+            feds[str(Calib(self._calib.dataset, d["clients"] * int(n), self._calib.seqlen))] = int(n)
+        return feds
+
+    def dp_shard(self, size: str, fed: str, client: int) -> str:
+        if fed == "setting":
+            return self.shard(client)
+        return f"{self.results}/shards/{fed}/{Split('iid', self.dp_clients(size, fed))}/client_{client}.safetensors"
+
+    def dp_client_mask(self, size: str, fed: str, eps, client: int) -> str:
+        """A client's DP mask file; the setting's at ε = ∞ is its plain mask (already computed)."""
+        if fed == "setting" and float(eps) == float("inf"):
             return self.client_masks()[client]
-        return f"{self.base}/{size}/dp/{eps_name(eps)}/client_{client}.mask.safetensors"
+        return f"{self.base}/{size}/dp/{fed}/{eps_name(eps)}/client_{client}.mask.safetensors"
 
-    def dp_noise_seed(self, eps, client: int) -> int:
-        """The audit's reproducible stand-in for a client's secret noise seed (a real client
-        draws fresh randomness: ``fedlib client-mask`` without --dp-noise-seed)."""
-        return 1_000_003 * int(self.catalog.config["seed"]) + client
+    def dp_client_args(self, size: str, eps, client: int) -> str:
+        """client-mask's DP arguments (none at ε = ∞) with the audit's reproducible stand-in for
+        the client's secret noise seed (a real client draws fresh randomness: ``fedlib
+        client-mask`` without --dp-noise-seed)."""
+        if float(eps) == float("inf"):
+            return ""
+        return f"{self.dp_args(size, eps)} --dp-noise-seed {1_000_003 * int(self.catalog.config['seed']) + client}"
 
     def dp_args(self, size: str, eps) -> str:
         d = self.of(size, "dp")
@@ -189,17 +218,52 @@ class PrivacyCatalog:
         """The DP table's ε, as in file names: the configured ones and ∞ (no DP)."""
         return [eps_name(e) for e in self.of(size, "dp")["epsilons"]] + ["inf"]
 
+    def dp_public_windows(self, size: str) -> int:
+        """Public text the ε = 0 row calibrates on: as many windows as the largest federation's
+        private data."""
+        return max(self.dp_clients(size, fed) * n for fed, n in self.dp_federations(size).items())
+
+    def dp_public_mask(self, size: str) -> str:
+        return f"{self.base}/{size}/dp/public/0/global.mask.safetensors"
+
+    def dp_eval(self, size: str, fed: str, eps) -> str:
+        return f"{self.base}/{size}/dp/{fed}/{eps}/eval.json"
+
+    def dp_inputs(self, size: str) -> list[str]:
+        """Every file the DP tables read."""
+        spec = self.dp_spec(size)
+        u = spec["utility"]
+        files = [f for s in spec["settings"].values() for f in s.values()]
+        files += [f for fed in u["federations"] for s in fed["settings"].values() for f in s.values()]
+        rr = u["randomized_response"]
+        files += [u["public"]["mask"], u["public"]["eval"], u["dense_eval"], *rr["records"].values(), *rr["evals"].values()]
+        return sorted(set(files))
+
     def dp_spec(self, size: str) -> dict:
         d, suffix = self.of(size, "dp"), "" if size == "run" else "_full"
-        setting = f"{self.base}/{size}/dp"
+        defence = self.defence_spec(size)
         return {
             "context": self.catalog.report_context(self.calib, self.split, self.prune),
             "out_dir": self.catalog.reports, "suffix": suffix, "datasets": self.of(size, "defence")["datasets"],
-            "clients": self.dp_clients(size), "samples_per_client": max(1, self._calib.nsamples // self._split.clients),
-            "seqlen": self._calib.seqlen, "delta": d["delta"],
-            "settings": {eps: {"client_mask": self.dp_client_mask(size, eps, 0),
-                               "eval": f"{setting}/{eps}/eval.json", "membership": f"{setting}/{eps}/membership.json"}
+            "clients": self.dp_clients(size), "samples_per_client": self.dp_federations(size)["setting"],
+            "seqlen": self._calib.seqlen, "delta": d["delta"], "clip": float(d["clip"]),
+            "settings": {eps: {"client_mask": self.dp_client_mask(size, "setting", eps, 0),
+                               "eval": self.dp_eval(size, "setting", eps),
+                               "membership": f"{self.base}/{size}/dp/{eps}/membership.json"}
                          for eps in self.dp_settings(size)},
+            "utility": {
+                "federations": [{"clients": self.dp_clients(size, fed), "samples": n,
+                                 "data": "the setting's shards" if fed == "setting" else f"pool {fed}",
+                                 "settings": {eps: {"client_mask": self.dp_client_mask(size, fed, eps, 0),
+                                                    "eval": self.dp_eval(size, fed, eps)}
+                                              for eps in self.dp_settings(size)}}
+                                for fed, n in self.dp_federations(size).items()],
+                "public": {"mask": self.dp_public_mask(size), "eval": self.dp_eval(size, "public", 0),
+                           "text": self.heldout_text(self.dp_public_windows(size))},
+                "randomized_response": {"records": defence["records"], "evals": defence["evals"],
+                                        "clients": self._split.clients},
+                "dense_eval": defence["dense_eval"],
+            },
         }
 
     # -- membership at realistic sizes (target privacy_membership_scale) ------------------------
@@ -224,6 +288,33 @@ class PrivacyCatalog:
 
     def scale_outputs(self) -> list[str]:
         return [f"{self.catalog.reports}/privacy_membership_scale.{ext}" for ext in ("md", "csv", "html")]
+
+    # -- membership with shared shadows (target privacy_membership_shared) -------------------------
+
+    def shared(self) -> dict:
+        return self.of("run", "membership_shared")
+
+    def shared_population(self, population: int, seqlen: int) -> str:
+        return self.pool(self._calib.dataset, int(population), int(seqlen))
+
+    def shared_json(self, size: dict, seed) -> str:
+        return f"{self.base}/membership_shared/{shared_size_name(size)}/seed{seed}.json"
+
+    def shared_sizes(self) -> dict[str, dict]:
+        """Size name (a file-name part) -> the size's settings."""
+        return {shared_size_name(size): size for size in self.shared()["sizes"]}
+
+    def shared_spec(self) -> dict:
+        sh = self.shared()
+        return {
+            "context": self.catalog.report_context(self.calib, self.split, self.prune),
+            "out_dir": self.catalog.reports, "dataset": self._calib.dataset,
+            "sizes": [{**size, "results": [self.shared_json(size, seed) for seed in sh["seeds"]]}
+                      for size in sh["sizes"]],
+        }
+
+    def shared_outputs(self) -> list[str]:
+        return [f"{self.catalog.reports}/privacy_membership_shared.{ext}" for ext in ("md", "csv", "html")]
 
     # -- attribute inference (target privacy_attribute) --------------------------------------------
 
@@ -272,9 +363,10 @@ class PrivacyCatalog:
         clients = self.inversion_client()["clients"]
         return list(range(self._split.clients)) if clients is None else [int(c) for c in clients]
 
-    def heldout_text(self) -> str:
-        """Every evaluation window of the calibration dataset's held-out text: public in-domain text."""
-        return f"{self.results}/privacy/public/{self._calib.dataset}-heldout.safetensors"
+    def heldout_text(self, windows: int | None = None) -> str:
+        """Evaluation windows of the calibration dataset's held-out text (evenly spaced; all when
+        ``windows`` is None): public in-domain text."""
+        return f"{self.results}/privacy/public/{self._calib.dataset}-heldout-{windows or 'all'}.safetensors"
 
     def inversion_client_priors(self) -> dict[str, dict]:
         """Prior name -> {"file", "label"}: the public texts of the unigram guesses (the first is the
@@ -300,7 +392,8 @@ class PrivacyCatalog:
 
     def dp_outputs(self, size: str) -> list[str]:
         suffix = "" if size == "run" else "_full"
-        return [f"{self.catalog.reports}/privacy_dp{suffix}.{ext}" for ext in ("md", "csv", "html")]
+        return [f"{self.catalog.reports}/privacy_dp{part}{suffix}.{ext}" for part in ("", "_utility")
+                for ext in ("md", "csv", "html")] + [f"{self.catalog.reports}/privacy_dp_utility{suffix}.png"]
 
     def outputs(self, size: str) -> tuple[list[str], list[str]]:
         """(tables, pages and plots shown in the HTML report) the report of ``size`` writes."""

@@ -730,6 +730,93 @@ def membership_scale_table(spec: dict) -> list[Path]:
                          header, columns, rows)
 
 
+def membership_shared_table(spec: dict) -> list[Path]:
+    """``privacy_membership_shared.{md,csv,html}``: the shared-shadow membership game
+    (:mod:`fedlib.privacy.stages.membership_shared`) per size and seed, and the seeds pooled per
+    size. ``spec``: {"context", "out_dir", "dataset", "sizes": [{"samples", "seqlen", "population",
+    "shadows", "clients", "results": [membership-shared JSON per seed]}]}."""
+    from fedlib.privacy.stages.membership import attack_summary
+    from fedlib.privacy.stages.membership_shared import pair_summary
+
+    keys = ("samples", "seqlen", "population", "shadows", "clients")
+    rows, first = [], None
+
+    def row(label, seed, masks, pairs, attack, effect):
+        by_fpr = {e["target_fpr"]: e for e in pairs["tpr_at_fpr"]}
+        return [label, seed, masks, f"{pairs['n_members']} / {pairs['n_nonmembers']}",
+                f"{pairs['auc']:.3f} {_ci(*pairs['auc_ci'], fmt=lambda x: f'{x:.3f}')}"] + \
+            [f"{pct(by_fpr[f]['tpr'], 1)} {_ci(*by_fpr[f]['tpr_ci'], fmt=lambda x: pct(x, 1))}"
+             f"{'' if by_fpr[f]['resolvable'] else ' †'}" for f in fprs] + \
+            [f"{attack['n_members']} / {attack['n_nonmembers']}" if attack else "-",
+             _eps_cell(attack["epsilon_lr1"]) if attack else "-", _eps_cell(attack["epsilon_split"]) if attack else "-",
+             effect]
+
+    for size in spec["sizes"]:
+        games = []
+        for path in size["results"]:
+            res = _load(path)
+            found, expected = {k: res[k] for k in keys}, {k: size[k] for k in keys}
+            if found != expected:
+                raise ValueError(f"{path}: a game of {found}, the table expects {expected}")
+            games.append(res)
+        first = first or games[0]
+        fprs = first["fprs"]
+        label = f"{size['samples']} × {size['seqlen']}"
+        masks = f"{size['shadows']} / {size['clients']} (of {size['population']})"
+        scores, labels, designated, member = [], [], [], []
+        for res in games:
+            rows.append(row(label, str(res["seed"]), masks, res["pairs"], res["attack"],
+                            num(res["effect_size"]["mean"], 2)))
+            s, lab = np.asarray(res["scores"]), np.asarray(res["client_labels"], dtype=bool)
+            scores.append(s)
+            labels.append(lab)
+            designated += s[np.arange(s.shape[0]), res["designated"]].tolist()
+            member += res["designated_member"]
+        if len(games) > 1:
+            d, m = np.asarray(designated), np.asarray(member, dtype=bool)
+            pooled_attack = attack_summary(d[m], d[~m], fprs, first["confidence"]) if m.any() and (~m).any() else None
+            effects = [g["effect_size"]["mean"] for g in games if g["effect_size"]["mean"] is not None]
+            spread = f"{np.mean(effects):.2f} (sd {np.std(effects, ddof=1):.2f})" if len(effects) > 1 else "-"
+            rows.append(row(label, f"pooled, {len(games)} seeds", f"{len(games)} × {masks}",
+                            pair_summary(np.concatenate(scores), np.concatenate(labels), fprs, first["confidence"]),
+                            pooled_attack, spread))
+    g = first
+    fprs = g["fprs"]
+    dataset = DATASET_TITLES.get(spec.get("dataset"), spec.get("dataset", "?"))
+    header = provenance(spec["context"], g["model_fingerprint"]) + [
+        "Target privacy_membership_shared (not part of `make run`): membership inference against the client's whole "
+        f"{g['method']} mask ({g['group']}, {g['sparsity']:.0%}; all decoder blocks, {g['observed_layers']} linears) "
+        f"at the client sizes of the first column (samples × tokens per sample, {dataset} windows), with shadow masks "
+        "shared by every target (fedlib.privacy.stages.membership_shared).",
+        "Game, one per size and seed: a population of N windows (third column); the attacker computes the shadow "
+        "masks of random partitions of the population into data sets (every window in as many); the client computes "
+        "the client masks, each with a designated target that a fair coin puts in its data set or not (the other "
+        "windows at random). Every window is a target of every client mask. The seed draws the data sets and is "
+        "the masks' tie-break seed. 'pooled': every seed's masks together (scores are log-likelihood ratios).",
+        "Attack (model-based LiRA): the attacker computes each window's per-channel sum of squared inputs to every "
+        "linear through the recursion of the population's own mask, x_j = its ratio to the population mean minus 1, "
+        "and scores a mask by the sum over columns of x_j times the fraction of rows keeping column j; per target, "
+        "Gaussians fitted on the shadows with and without it (variance pooled over targets); score = log-likelihood "
+        "ratio. A non-adaptive attack: each figure is a lower bound on the leakage.",
+        "Pairs: every (client mask, window) pair; their AUC and TPR intervals are 95 % bootstraps over client masks "
+        "(pairs of one mask are dependent, masks are independent given the shadows); at perfect separation the "
+        "AUC's lower end is the exact bound over one member/non-member pair per mask. † the target FPR is below "
+        "1/non-members: the TPR shown is at FPR 0. Designated trials: one independent trial per client mask; the ε "
+        "lower bounds (δ = 0, Clopper–Pearson 95 %) use only them, at the a-priori threshold LR = 1 and at a "
+        "threshold chosen on half of them, so few client masks cap the ε any attack could show here.",
+        "Effect size: per target, (mean statistic on shadows with it − mean without) / pooled sd, averaged over "
+        "the targets.",
+    ]
+    columns = ["Client data (samples × tokens)", "Seed", "Shadow / client masks (population)",
+               "Pairs: members / non-members", "AUC, pairs [95 % CI]"] + \
+        [f"TPR @ {f:g} FPR, pairs [95 % CI]" for f in fprs] + \
+        ["Designated trials: members / non-members", "ε lower bound, LR = 1 threshold",
+         "ε lower bound, split threshold", "Effect size (sd)"]
+    return _write_tables(Path(spec["out_dir"]), "membership_shared", "",
+                         "Membership inference against a client's whole mask, shadows shared by every target",
+                         header, columns, rows)
+
+
 def attribute_table(spec: dict) -> list[Path]:
     """``privacy_attribute.{md,csv,html}``: attribute inference (:mod:`fedlib.privacy.stages.attribute`)
     per property, one game per seed and the games pooled. ``spec``: {"context", "out_dir", "dataset",
@@ -913,6 +1000,117 @@ def dp_table(spec: dict) -> list[Path]:
     columns = ["proven ε", "δ", "clip", "σ (noise multiplier)", "releases", "audited ε LB (LR=1)",
                "audited ε LB (split)", "MIA AUC", "audit ≤ proven"] + \
         [f"{DATASET_TITLES.get(ds, ds)} ppl" for ds in spec["datasets"]]
-    return _write_tables(Path(spec["out_dir"]), "dp", spec.get("suffix", ""),
-                         "DP client masks (sample-level, Gaussian, PLD-accounted) — proven vs audited ε, and utility",
-                         header_lines, columns, rows)
+    tables = _write_tables(Path(spec["out_dir"]), "dp", spec.get("suffix", ""),
+                           "DP client masks (sample-level, Gaussian, PLD-accounted) — proven vs audited ε, and utility",
+                           header_lines, columns, rows)
+    return tables + (dp_utility_table(spec) if "utility" in spec else [])
+
+
+def dp_utility_table(spec: dict) -> list[Path]:
+    """``privacy_dp_utility<suffix>.{md,csv,html,png}``: perplexity against the proven
+    sample-level ε, per DP federation (the setting's clients, and clients with more samples),
+    beside the ε = 0 model pruned on public text alone and randomized response on mask bits
+    (privacy_defence), whose whole-mask ε is the bits per client times the per-bit ε.
+    ``spec["utility"]``: {"federations": [{"clients", "samples", "data", "settings": {ε:
+    {"client_mask", "eval"}}}], "public": {"eval", "text", "mask"}, "randomized_response":
+    {"records", "evals", "clients"}, "dense_eval"}."""
+    from fedlib.maskfile import read_header
+
+    u, datasets, seqlen = spec["utility"], spec["datasets"], spec["seqlen"]
+    ds = datasets[0]
+
+    def ppl(result):
+        return result["perplexity"][ds]["ppl"]
+
+    dense = _load(u["dense_eval"])
+    public = _load(u["public"]["eval"])
+    public_header = read_header(Path(u["public"]["mask"]))
+    rows = [["Dense (no pruning)", "-", "-", "-", fmt_ppl(ppl(dense)), "-"]]
+    curves = []  # (label, [(ε, ppl)]) for the plot
+    for fed in u["federations"]:
+        size = f"{fed['clients']} × {fed['samples']} × {seqlen} ({fed['data']})"
+        points, plain = [], None
+        for eps in sorted(fed["settings"], key=_eps_key, reverse=True):
+            files = fed["settings"][eps]
+            header = read_header(Path(files["client_mask"]))
+            dp = json.loads(header.extra["dp"]) if "dp" in header.extra else None
+            if (dp is None) != (_eps_key(eps) == math.inf) or (dp and dp["epsilon"] != _eps_key(eps)):
+                raise ValueError(f"{files['client_mask']}: the mask file proves ε={dp and dp['epsilon']}, "
+                                 f"the table expects ε={eps}")
+            value = ppl(_load(files["eval"]))
+            plain = value if dp is None else plain
+            points.append((_eps_key(eps), value))
+            rows.append(["Gaussian DP on Wanda's statistics" if dp else "no DP", size,
+                         f"{dp['epsilon']:g}" if dp else "∞", f"{dp['sigma']:.4g}" if dp else "0",
+                         fmt_ppl(value), f"{value / plain:.3g}×"])
+        curves.append((f"{fed['clients']} clients × {fed['samples']} samples", points))
+    rows.append([f"Wanda on public text only ({public_header.n_samples} windows of the held-out text)",
+                 "no private data", "0", "-", fmt_ppl(ppl(public)), "-"])
+    rr = u["randomized_response"]
+    rr_points = []
+    for eps in sorted(rr["records"], key=_eps_key, reverse=True):
+        record, value = _load(rr["records"][eps]), ppl(_load(rr["evals"][eps]))
+        whole = _eps_key(eps) * record["bits_per_client"]
+        rr_points.append((whole, value))
+        rows.append([f"Randomized response, per-bit ε = {_eps_key(eps):g} (privacy_defence)",
+                     f"{record['n_clients']} × {spec['samples_per_client']} × {seqlen} (the setting)",
+                     f"{whole:.3g} (bits per client × per-bit ε)", "-", fmt_ppl(value), "-"])
+    win = dense["perplexity"][ds]
+    header_lines = provenance(spec["context"], dense.get("model_fingerprint")) + [
+        "Privacy–utility of the sample-level DP client mechanism (fedlib.privacy.dp, as in privacy_dp): per DP "
+        "federation (clients × samples per client × tokens), the FedPrLLM global model (layer comparison, top-k "
+        f"of the votes) at each proven ε (δ = {spec['delta']:g}, clip {spec['clip']:g}; σ calibrated over every "
+        "block's releases).",
+        "The noise is the same per statistic whatever the data set's size, while the clipped signal grows with "
+        "the number of samples: larger clients lose less at the same ε.",
+        "ε = 0 baseline: the server prunes with Wanda on public text alone (the calibration dataset's held-out "
+        "documents, as many windows as the largest federation's private data). A DP mechanism is worth its noise "
+        "only where it beats this row.",
+        "Randomized response flips each uploaded mask bit (privacy_defence, the setting's clients): its per-bit ε "
+        "composes to the ε shown over a client's whole mask, the only sample-level guarantee it gives.",
+        f"Perplexity: {DATASET_TITLES.get(ds, ds)}, {win['windows']} of {win['total_windows']} windows × "
+        f"{win['seqlen']} tokens (the Table 1 evaluation windows); last column: against the same federation "
+        "without DP.",
+    ]
+    columns = ["Mechanism", "Clients × samples × tokens", "Proven sample-level ε", "σ (noise multiplier)",
+               f"{DATASET_TITLES.get(ds, ds)} ppl", "ppl / no DP"]
+    out_dir, suffix = Path(spec["out_dir"]), spec.get("suffix", "")
+    tables = _write_tables(out_dir, "dp_utility", suffix, "DP client masks: perplexity against the proven ε",
+                           header_lines, columns, rows)
+    png = out_dir / f"privacy_dp_utility{suffix}.png"
+    _dp_utility_plot(curves, ppl(public), rr_points, dense, spec, png,
+                     f"FedPrLLM layer top-k at {public_header.sparsity:.0%}; {DATASET_TITLES.get(ds, ds)} perplexity "
+                     f"on {win['windows']} windows × {win['seqlen']} tokens; δ = {spec['delta']:g}.")
+    return tables + [png]
+
+
+def _dp_utility_plot(curves, public, rr_points, dense_eval, spec, path, extra) -> None:
+    from matplotlib.ticker import NullLocator
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    finite = sorted({e for _, pts in curves for e, _ in pts if math.isfinite(e)} | {e for e, _ in rr_points})
+    inf_x = max(finite + [1.0]) * 10  # where ε = ∞ (no DP) is drawn
+    for label, pts in curves:
+        pts = sorted(pts)
+        ax.plot([inf_x if math.isinf(e) else e for e, _ in pts], [v for _, v in pts], "o-",
+                label=f"Gaussian DP, {label}")
+    if rr_points:
+        ax.plot(*zip(*sorted(rr_points)), "s--", color="tab:red", label="randomized response on mask bits")
+    ax.axhline(public, ls="--", lw=1, color="tab:green", label="ε = 0: Wanda on public text only")
+    ax.axhline(dense_eval["perplexity"][spec["datasets"][0]]["ppl"], ls=":", lw=1, color="black", label="dense model")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(finite + [inf_x])
+    ax.set_xticklabels([f"{e:.3g}" for e in finite] + ["∞"], fontsize=7)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("Proven sample-level ε (replace-one); right-most point: no DP")
+    ax.set_ylabel("Perplexity of the global model (log scale)")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title("Privacy–utility of DP client masks")
+    fig.text(0.01, 0.01, _caption(spec, dense_eval.get("model_fingerprint", "?"), extra), fontsize=7, wrap=True,
+             va="bottom")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)

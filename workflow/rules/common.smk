@@ -214,6 +214,7 @@ def study_caption(name, kind="table"):
 
 PRIVACY = PrivacyCatalog(CATALOG)
 PRIV_BASE = PRIVACY.base
+DP_FEDERATION = r"setting|[a-z0-9]+-\d+x\d+"  # privacy_dp: the setting's clients, or a pool split IID
 
 
 def priv_outputs(size, for_report=False):

@@ -259,18 +259,20 @@ rule privacy_full:
 
 
 rule privacy_dp_client:
-    """A DP client's mask (sample-level Gaussian mechanism on Wanda's statistics, fedlib.privacy.dp)."""
+    """A client's mask in DP federation {fed} (sample-level Gaussian mechanism on Wanda's statistics,
+    fedlib.privacy.dp; none at ε = ∞)."""
     input:
         model=MODEL_READY,
-        calib=lambda wc: PRIVACY.shard(int(wc.client)),
+        calib=lambda wc: PRIVACY.dp_shard(wc.size, wc.fed, int(wc.client)),
     output:
-        f"{PRIV_BASE}/{{size}}/dp/{{eps}}/client_{{client}}.mask.safetensors",
+        f"{PRIV_BASE}/{{size}}/dp/{{fed}}/{{eps}}/client_{{client}}.mask.safetensors",
     log:
-        f"{LOGS}/privacy/{{size}}/dp/{{eps}}/client_{{client}}.log",
+        f"{LOGS}/privacy/{{size}}/dp/{{fed}}/{{eps}}/client_{{client}}.log",
     benchmark:
-        f"{BENCH}/privacy/{{size}}/dp/{{eps}}/client_{{client}}.tsv"
+        f"{BENCH}/privacy/{{size}}/dp/{{fed}}/{{eps}}/client_{{client}}.tsv"
     wildcard_constraints:
-        eps=r"[0-9.]+",
+        fed=DP_FEDERATION,
+        eps=r"[0-9.]+|inf",
         client=r"\d+",
         size="run|full",
     conda:
@@ -282,27 +284,31 @@ rule privacy_dp_client:
     params:
         model=model_folder,
         pruning=PRIVACY.pruning_args(),
-        dp=lambda wc: PRIVACY.dp_args(wc.size, wc.eps),
-        noise_seed=lambda wc: PRIVACY.dp_noise_seed(wc.eps, int(wc.client)),
+        dp=lambda wc: PRIVACY.dp_client_args(wc.size, wc.eps, int(wc.client)),
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
         "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
-        "--client-id {wildcards.client} {params.dp} --dp-noise-seed {params.noise_seed} --batch-size {params.batch_size} "
+        "--client-id {wildcards.client} {params.dp} --batch-size {params.batch_size} "
         "{params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule privacy_dp_aggregate:
-    """FedPrLLM (layer comparison) over the first privacy.dp.clients clients' DP masks at one ε."""
+    """FedPrLLM (layer comparison) over DP federation {fed}'s masks at one ε."""
     input:
         model=MODEL_READY,
-        masks=lambda wc: [PRIVACY.dp_client_mask(wc.size, wc.eps, i) for i in range(PRIVACY.dp_clients(wc.size))],
+        masks=lambda wc: [
+            PRIVACY.dp_client_mask(wc.size, wc.fed, wc.eps, i) for i in range(PRIVACY.dp_clients(wc.size, wc.fed))
+        ],
     output:
-        mask=f"{PRIV_BASE}/{{size}}/dp/{{eps}}/global.mask.safetensors",
-        report=f"{PRIV_BASE}/{{size}}/dp/{{eps}}/global.mask.clients.json",
+        mask=f"{PRIV_BASE}/{{size}}/dp/{{fed}}/{{eps}}/global.mask.safetensors",
+        report=f"{PRIV_BASE}/{{size}}/dp/{{fed}}/{{eps}}/global.mask.clients.json",
     log:
-        f"{LOGS}/privacy/{{size}}/dp/{{eps}}/aggregate.log",
+        f"{LOGS}/privacy/{{size}}/dp/{{fed}}/{{eps}}/aggregate.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/dp/{{fed}}/{{eps}}/aggregate.tsv"
     wildcard_constraints:
+        fed=DP_FEDERATION,
         eps=r"[0-9.]+|inf",
         size="run|full",
     conda:
@@ -318,16 +324,49 @@ rule privacy_dp_aggregate:
         "--seed {params.seed} --out {output.mask} --report {output.report} {input.masks} > {log} 2>&1"
 
 
-rule privacy_dp_eval:
-    """Perplexity of the DP clients' FedPrLLM global model."""
+rule privacy_dp_public:
+    """ε = 0: the server prunes with Wanda on public text alone (as many windows as the largest
+    DP federation's private data), the baseline a DP mechanism has to beat."""
     input:
         model=MODEL_READY,
-        mask=f"{PRIV_BASE}/{{size}}/dp/{{eps}}/global.mask.safetensors",
+        calib=lambda wc: PRIVACY.heldout_text(PRIVACY.dp_public_windows(wc.size)),
+    output:
+        f"{PRIV_BASE}/{{size}}/dp/public/0/global.mask.safetensors",
+    log:
+        f"{LOGS}/privacy/{{size}}/dp/public.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/dp/public.tsv"
+    wildcard_constraints:
+        size="run|full",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["calib"]),
+        gpu=MODEL_JOB_GPUS,
+    params:
+        model=model_folder,
+        pruning=PRIVACY.pruning_args(),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
+    shell:
+        "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        "--client-id public --batch-size {params.batch_size} {params.placement} --threads {threads} "
+        "--out {output} > {log} 2>&1"
+
+
+rule privacy_dp_eval:
+    """Perplexity of a DP federation's FedPrLLM global model (public/0: the public-text model)."""
+    input:
+        model=MODEL_READY,
+        mask=f"{PRIV_BASE}/{{size}}/dp/{{fed}}/{{eps}}/global.mask.safetensors",
         windows=lambda wc: PRIVACY.defence_windows(wc.size),
     output:
-        f"{PRIV_BASE}/{{size}}/dp/{{eps}}/eval.json",
+        f"{PRIV_BASE}/{{size}}/dp/{{fed}}/{{eps}}/eval.json",
     log:
-        f"{LOGS}/privacy/{{size}}/dp/{{eps}}/eval.log",
+        f"{LOGS}/privacy/{{size}}/dp/{{fed}}/{{eps}}/eval.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/dp/{{fed}}/{{eps}}/eval.tsv"
     wildcard_constraints:
         eps=r"[0-9.]+|inf",
         size="run|full",
@@ -343,8 +382,8 @@ rule privacy_dp_eval:
         placement=PLACEMENT_ARGS,
     shell:
         "python -m fedlib evaluate --model {params.model} --mask {input.mask} --windows {input.windows} "
-        "--label dp{wildcards.eps} --batch-size {params.batch_size} {params.placement} --threads {threads} "
-        "--out {output} > {log} 2>&1"
+        "--label dp-{wildcards.fed}-{wildcards.eps} --batch-size {params.batch_size} {params.placement} "
+        "--threads {threads} --out {output} > {log} 2>&1"
 
 
 rule privacy_dp_membership:
@@ -387,7 +426,7 @@ for _size in ("run", "full"):
         name:
             f"privacy_dp_report_{_size}"
         input:
-            [f for s in PRIVACY.dp_spec(_size)["settings"].values() for f in s.values()],
+            PRIVACY.dp_inputs(_size),
         output:
             PRIVACY.dp_outputs(_size),
         log:
@@ -472,6 +511,68 @@ rule privacy_membership_scale:
         PRIVACY.scale_outputs(),
 
 
+rule privacy_membership_shared_game:
+    """One seed's shared-shadow membership game against the client's whole mask at size {size}."""
+    input:
+        model=MODEL_READY,
+        population=lambda wc: PRIVACY.shared_population(
+            PRIVACY.shared_sizes()[wc.size]["population"], PRIVACY.shared_sizes()[wc.size]["seqlen"]
+        ),
+    output:
+        f"{PRIV_BASE}/membership_shared/{{size}}/seed{{seed}}.json",
+    log:
+        f"{LOGS}/privacy/membership_shared/{{size}}/seed{{seed}}.log",
+    benchmark:
+        f"{BENCH}/privacy/membership_shared/{{size}}/seed{{seed}}.tsv"
+    wildcard_constraints:
+        size=r"\d+x\d+-of\d+-s\d+-c\d+",
+        seed="[0-9]+",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["population"]),
+        gpu=MODEL_JOB_GPUS,
+    params:
+        model=model_folder,
+        pruning=lambda wc: PRIVACY.pruning_args(seed=wc.seed),
+        samples=lambda wc: PRIVACY.shared_sizes()[wc.size]["samples"],
+        shadows=lambda wc: PRIVACY.shared_sizes()[wc.size]["shadows"],
+        clients=lambda wc: PRIVACY.shared_sizes()[wc.size]["clients"],
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
+    shell:
+        "python -m fedlib privacy membership-shared --model {params.model} {params.pruning} "
+        "--population {input.population} --samples {params.samples} --shadows {params.shadows} "
+        "--clients {params.clients} --batch-size {params.batch_size} {params.placement} --threads {threads} "
+        "--out {output} > {log} 2>&1"
+
+
+rule privacy_membership_shared_report:
+    input:
+        [f for size in PRIVACY.shared_spec()["sizes"] for f in size["results"]],
+    output:
+        PRIVACY.shared_outputs(),
+    log:
+        f"{LOGS}/report/privacy_membership_shared.log",
+    benchmark:
+        f"{BENCH}/report/privacy_membership_shared.tsv"
+    localrule: True
+    conda:
+        "../../envs/fedlib.yaml"
+    params:
+        spec=json.dumps(PRIVACY.shared_spec()),
+    shell:
+        "python -m fedlib privacy shared-report --spec {params.spec:q} > {log} 2>&1"
+
+
+rule privacy_membership_shared:
+    """Membership against the whole mask with shadows shared by every target, up to FedSpaLLM's 32 samples
+    per client (reports/privacy_membership_shared.*; not part of rule all)."""
+    input:
+        PRIVACY.shared_outputs(),
+
+
 rule privacy_attribute_game:
     """One seed's attribute inference game for one property (a domain or a term) against the client's whole mask."""
     input:
@@ -534,15 +635,18 @@ rule privacy_attribute:
 
 
 rule privacy_heldout_text:
-    """Every window of the calibration dataset's held-out evaluation text: public in-domain text for a prior."""
+    """Windows (evenly spaced, or all) of the calibration dataset's held-out evaluation text: public
+    in-domain text (an inversion prior; the DP table's public calibration)."""
     input:
         model=MODEL_READY,
     output:
-        PRIVACY.heldout_text(),
+        PRIVACY.heldout_text("{windows}"),
     log:
-        f"{LOGS}/privacy/heldout_text.log",
+        f"{LOGS}/privacy/heldout_text-{{windows}}.log",
     benchmark:
-        f"{BENCH}/privacy/heldout_text.tsv"
+        f"{BENCH}/privacy/heldout_text-{{windows}}.tsv"
+    wildcard_constraints:
+        windows=r"all|\d+",
     localrule: True
     conda:
         "../../envs/fedlib.yaml"
@@ -552,9 +656,10 @@ rule privacy_heldout_text:
         dataset=Calib.parse(PRIVACY.calib).dataset,
         seqlen=EVAL["seqlen"],
         c4_docs=span_arg("--c4-docs", EVAL.get("c4_docs")),
+        windows=lambda wc: "" if wc.windows == "all" else f"--windows {wc.windows}",
     shell:
         "python -m fedlib eval-windows --model {params.model} --data-dir {params.data_dir} "
-        "--dataset {params.dataset} --seqlen {params.seqlen} {params.c4_docs} --out {output} > {log} 2>&1"
+        "--dataset {params.dataset} --seqlen {params.seqlen} {params.c4_docs} {params.windows} --out {output} > {log} 2>&1"
 
 
 rule privacy_inversion_client_attack:
