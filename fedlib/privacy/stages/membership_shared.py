@@ -22,9 +22,9 @@ drawn as random partitions of the population into groups of ``samples`` rows (ev
 exactly ``shadows * samples / N`` of them). The client computes ``clients`` masks; for each, a
 designated target t_k and a fair coin: heads, its data set is t_k plus ``samples`` - 1 random other
 rows; tails, ``samples`` random rows without t_k. Every (client mask, target) pair is scored.
-Given the shadows, client masks are independent: the AUC over all pairs gets a cluster bootstrap
-over client masks, and the TPR at low FPR and the ε lower bounds use the designated pairs only
-(independent trials). A data set with t_k and one without are mixtures of replace-one neighbours
+Given the shadows, client masks are independent: the AUC and TPR over all pairs get a cluster
+bootstrap over client masks (:func:`pair_summary`), and the ε lower bounds use the designated
+pairs only (independent trials). A data set with t_k and one without are mixtures of replace-one neighbours
 over the same draws, so the ε lower bounds bound the mask's sample-level ε.
 """
 
