@@ -355,8 +355,11 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
         ("privacy-secagg", "reports/privacy_secagg.csv"),
         ("privacy-membership-scale", "reports/privacy_membership_scale.csv"),
+        ("privacy-membership-shared", "reports/privacy_membership_shared.csv"),
         ("privacy-attribute", "reports/privacy_attribute.csv"),
         ("privacy-inversion-client", "reports/privacy_inversion_client.csv"),
+        ("privacy-dp", "reports/privacy_dp.csv"),
+        ("privacy-dp-utility", "reports/privacy_dp_utility.csv"),
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
 }
