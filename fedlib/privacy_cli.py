@@ -275,9 +275,11 @@ def _open(args, placed: bool = True):
     for analyses that compute masks, the CPU otherwise."""
     import torch
 
+    from fedlib.jobsize import unmap_freed_tensors
     from fedlib.models import open_model
     from fedlib.runner import CPU, Placement
 
+    unmap_freed_tensors()  # the games compute many whole-model masks in one process
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
     placement = Placement.resolve(args.device, args.dtype) if placed else CPU
