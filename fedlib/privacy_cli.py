@@ -270,16 +270,18 @@ def _json_default(x):
     raise TypeError(f"not JSON serializable: {type(x)}")
 
 
-def _open(args, placed: bool = True):
+def _open(args, placed: bool = True, many_masks: bool = False):
     """(model handle, placement) of an analysis: the placement from ``--device`` / ``--dtype``
-    for analyses that compute masks, the CPU otherwise."""
+    for analyses that compute masks, the CPU otherwise. ``many_masks``: the analysis computes
+    dozens of whole-model masks in this process (:func:`fedlib.jobsize.unmap_freed_tensors`)."""
     import torch
 
     from fedlib.jobsize import unmap_freed_tensors
     from fedlib.models import open_model
     from fedlib.runner import CPU, Placement
 
-    unmap_freed_tensors()  # the games compute many whole-model masks in one process
+    if many_masks:
+        unmap_freed_tensors()
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
     placement = Placement.resolve(args.device, args.dtype) if placed else CPU
@@ -372,7 +374,7 @@ def _cmd_membership_shared(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.membership_shared import membership_shared_audit
 
-    model, placement = _open(args)
+    model, placement = _open(args, many_masks=True)
     pop, _ = load_tokens(Path(args.population))
     result = membership_shared_audit(model, pop, args.samples, args.shadows, args.clients, args.method, args.sparsity,
                                      args.group, args.seed, args.fprs, args.confidence, args.batch_size,
@@ -387,7 +389,7 @@ def _cmd_attribute(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.attribute import attribute_audit, term_rows
 
-    model, placement = _open(args)
+    model, placement = _open(args, many_masks=True)
     pop, _ = load_tokens(Path(args.population))
     if args.term is not None:
         from fedlib.models import load_tokenizer
