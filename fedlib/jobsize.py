@@ -150,7 +150,7 @@ def unmap_freed_tensors(threshold: int = 1 << 20) -> bool:
     are free but cannot be returned (measured: a ``privacy membership-shared`` game of 32 x 512
     tokens at 12.8 GB, of 2 x 512 at 2.7-3.3 GB; 0.88 and 0.63 GB with this call), far beyond
     what :data:`HEADROOM` allows. It costs time: every such tensor is mapped and zeroed afresh
-    (a whole-model mask of 32 x 512 tokens took 1.4x as long), so only analyses that compute
+    (a whole-model mask of 32 x 512 tokens: 203 s against 139 s, medians of 4 interleaved), so only analyses that compute
     many masks in one process call it. Returns False where the C library has no ``mallopt``
     (not glibc: macOS's allocator returns large blocks by itself)."""
     import ctypes
