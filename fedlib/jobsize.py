@@ -147,20 +147,21 @@ def unmap_freed_tensors(threshold: int = 1 << 20) -> bool:
     mmap, returned to the system when freed. By default glibc raises that threshold to the size
     of the largest block freed so far (up to 32 MiB) and reuses the heap for such blocks; a
     process that computes whole-model masks one after another then grows by heap fragments that
-    are free but cannot be returned (measured: a ``privacy membership-shared`` game of 32 x 512
-    tokens at 12.8 GB, of 2 x 512 at 2.7-3.3 GB; 0.88 and 0.63 GB with this call), far beyond
-    what :data:`HEADROOM` allows. It costs time: every such tensor is mapped and zeroed afresh
-    (a whole-model mask of 32 x 512 tokens: 203 s against 139 s, medians of 4 interleaved), so only analyses that compute
-    many masks in one process call it. Returns False where the C library has no ``mallopt``
-    (not glibc: macOS's allocator returns large blocks by itself)."""
+    are free but cannot be returned (measured peak RSS of a ``privacy membership-shared`` game:
+    32 x 512 tokens 12.5 GB, 0.84 GB with this call; 2 x 512 tokens 2.7-3.3 GB, 0.63 GB), far
+    beyond what :data:`HEADROOM` allows. It costs time, since every such tensor is mapped and
+    zeroed afresh (a whole-model mask of 32 x 512 tokens: 203 s against 139 s, medians of 4
+    interleaved), so only analyses that compute many masks in one process call it. Returns
+    False where the C library has no ``mallopt`` (not glibc: macOS's allocator returns large
+    blocks by itself)."""
     import ctypes
     import ctypes.util
 
     try:
         mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
-    except (OSError, AttributeError, TypeError):
+    except (OSError, AttributeError):
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, int(threshold)))
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
 
 
 @dataclass(frozen=True)

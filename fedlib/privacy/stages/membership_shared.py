@@ -91,7 +91,7 @@ def kept_columns(model, rows: torch.Tensor, method: str = "wanda", sparsity: flo
 
     def on_block(_index, decision) -> None:
         for name, mask in decision.masks.items():
-            rows = mask.shape[0]  # counts, not a float copy of the mask: freed copies fragment the heap
+            rows = mask.shape[0]  # column counts: no float copy of the whole mask
             kept[name] = (rows - mask.sum(dim=0)).to("cpu", torch.float32) / rows
 
     prune_locally(model, rows, method, sparsity, group, seed, batch_size, method_options, on_block=on_block,
