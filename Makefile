@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install install-slurm run test test-slurm report report-check benchmark bench-scale bench-peers clean
+.PHONY: install install-slurm run test test-slurm report report-check benchmark bench-scale bench-gpu bench-peers clean
 
 install: $(STAMP)
 
@@ -66,6 +66,13 @@ benchmark: $(STAMP)
 # a LLaMA-2-7B-shaped client and server on this machine (writes a 13.5 GB checkpoint once)
 bench-scale: $(STAMP)
 	$(BIN)/python benchmarks/bench_scale.py --threads $(CORES) --float32
+
+# GPU clients at the 7B shape on one CUDA device (benchmarks/results/gpu.json): Wanda and SparseGPT
+# with its update at 2 x 2048 and 128 x 2048 tokens, perplexity of 16 x 2048, host-vs-device masks of
+# block 0. Needs only torch, transformers, safetensors, numpy, scipy: on a GPU image without this
+# Makefile's venv, run `python benchmarks/bench_gpu.py` (PYTHON=python make bench-gpu does that)
+bench-gpu:
+	HF_HUB_OFFLINE=1 $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/bench_gpu.py
 
 # fedlib's client mask against llmcompressor's Wanda and SparseGPT on the same tokens, side by side
 # (benchmarks/results/peers.json); llmcompressor lives in its own environment .venv-peers (it pins

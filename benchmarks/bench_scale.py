@@ -94,17 +94,18 @@ def llama_tensors(shape: dict) -> list[tuple[str, tuple[int, ...]]]:
     return tensors + [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
 
 
-def _write_tensor(out, name: str, shape: tuple[int, ...], seed: int) -> None:
-    """One tensor's bfloat16 bytes, generated and written in chunks of rows (bounded memory)."""
+def _write_tensor(out, name: str, shape: tuple[int, ...], seed: int, device: str = "cpu") -> None:
+    """One tensor's bfloat16 bytes, generated (on ``device``: a GPU draws a 7B model in well
+    under a minute, a CPU takes minutes) and written in chunks of rows (bounded memory)."""
     if len(shape) == 1:  # RMSNorm weights
         out.write(torch.ones(shape, dtype=torch.bfloat16).view(torch.uint8).numpy().data)
         return
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
     rows, cols = shape
     step = max(1, CHUNK_ELEMENTS // cols)
     for start in range(0, rows, step):
-        chunk = torch.randn(min(step, rows - start), cols, generator=gen).mul_(0.02).to(torch.bfloat16)
-        out.write(chunk.view(torch.uint8).numpy().data)
+        chunk = torch.randn(min(step, rows - start), cols, generator=gen, device=device).mul_(0.02)
+        out.write(chunk.to(torch.bfloat16).cpu().view(torch.uint8).numpy().data)
 
 
 def _shard_plan(tensors, max_bytes: int) -> list[list[tuple[str, tuple[int, ...]]]]:
@@ -119,21 +120,23 @@ def _shard_plan(tensors, max_bytes: int) -> list[list[tuple[str, tuple[int, ...]
     return shards + [current]
 
 
-def _complete(folder: Path, shape: dict, seed: int) -> bool:
+def _complete(folder: Path, shape: dict, seed: int, device: str) -> bool:
     try:
         record = json.loads((folder / BUILD_RECORD).read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    if record.get("shape") != shape or record.get("seed") != seed:
+    # a device's random stream is not the CPU's: the same seed gives other weights
+    if record.get("shape") != shape or record.get("seed") != seed or record.get("device", "cpu") != device:
         return False
     return all((folder / name).is_file() and (folder / name).stat().st_size == size
                for name, size in record["files"].items())
 
 
-def build_checkpoint(folder: Path, shape: dict, seed: int = 0) -> dict:
-    """Write the random-weight checkpoint once (skipped when ``folder`` holds a complete one);
-    returns the build record. Memory holds one chunk of one tensor at a time."""
-    if _complete(folder, shape, seed):
+def build_checkpoint(folder: Path, shape: dict, seed: int = 0, device: str = "cpu") -> dict:
+    """Write the random-weight checkpoint once (skipped when ``folder`` holds a complete one
+    drawn on the same kind of device); returns the build record. Memory holds one chunk of one
+    tensor at a time."""
+    if _complete(folder, shape, seed, device):
         record = json.loads((folder / BUILD_RECORD).read_text())
         print(f"checkpoint {folder}: complete, {record['bytes'] / 1e9:.2f} GB (built in {record['build_seconds']:.0f}s)")
         return record
@@ -152,7 +155,7 @@ def build_checkpoint(folder: Path, shape: dict, seed: int = 0) -> dict:
         with open(tmp, "wb") as out:
             out.write(head)
             for name in sorted(shapes):  # the layout's order
-                _write_tensor(out, name, shapes[name], seed)
+                _write_tensor(out, name, shapes[name], seed, device)
                 weight_map[name] = shard_name
         tmp.replace(folder / shard_name)
         files[shard_name] = (folder / shard_name).stat().st_size
@@ -168,7 +171,8 @@ def build_checkpoint(folder: Path, shape: dict, seed: int = 0) -> dict:
     from fedlib.models import open_model
 
     open_model(str(folder), torch.bfloat16).fingerprint()
-    record = {"shape": shape, "seed": seed, "note": RANDOM_NOTE, "params": sum(math.prod(s) for _, s in tensors),
+    record = {"shape": shape, "seed": seed, "device": device, "note": RANDOM_NOTE,
+              "params": sum(math.prod(s) for _, s in tensors),
               "bytes": sum(files.values()), "files": files, "write_seconds": write_seconds,
               "build_seconds": time.perf_counter() - start}
     (folder / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
@@ -218,7 +222,7 @@ def run_client(model: Path, calib: Path, out: Path, client: int, dtype: str, thr
         "client-mask", "--model", str(model), "--calib", str(calib), "--method", "wanda", "--sparsity", "0.5",
         "--group", "row", "--device", "cpu", "--dtype", dtype, "--threads", str(threads),
         "--client-id", f"client-{client}", "--out", str(out)], f"client {client}")
-    found = re.search(r"\(([\d.]+)s per block\)", row["stdout"])
+    found = re.search(r"\(([\d.]+)s per block", row["stdout"])
     row["seconds_per_block"] = float(found.group(1)) if found else None
     row.update(client=client, dtype=dtype, threads=threads)
     print(f"  client {client} ({dtype}, {threads} thread(s)): {row['seconds']:.1f}s, "

@@ -114,13 +114,14 @@ class Checkpoint:
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
 
-    def read(self, name: str) -> torch.Tensor:
-        """The stored tensor (its stored dtype, on the host), read from disk now."""
+    def read(self, name: str, pinned: bool = False) -> torch.Tensor:
+        """The stored tensor (its stored dtype, on the host), read from disk now; ``pinned``:
+        into page-locked memory (an asynchronous copy to a CUDA device reads it)."""
         try:
             stored = self.tensors[name]
         except KeyError:
             raise CheckpointError(self.folder, f"no tensor {name!r}") from None
-        buffer = torch.empty(stored.nbytes, dtype=torch.uint8)
+        buffer = torch.empty(stored.nbytes, dtype=torch.uint8, pin_memory=pinned)
         with open(stored.file, "rb", buffering=0) as handle:
             view = memoryview(buffer.numpy())
             done = 0

@@ -8,6 +8,7 @@ the same verbs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -156,8 +157,14 @@ def cmd_client_mask(args) -> None:
             _iterative_client_round(args, handle, ids, options, placement, writer)
     done = time.perf_counter()
     blocks = handle.n_blocks if args.round is None else args.round + 1
+    device_peak = ""
+    if placement.device.type == "cuda":
+        import torch
+
+        device_peak = f", device peak {torch.cuda.max_memory_allocated(placement.device) / 2**30:.2f} GiB"
     print(f"wrote {args.out} ({args.method}, {args.group}, {args.sparsity}) on {placement.label} "
-          f"in {done - start:.1f}s ({(done - opened) / blocks:.2f}s per block)")
+          f"in {done - start:.1f}s ({(done - opened) / blocks:.2f}s per block, opened in {opened - start:.1f}s"
+          f"{device_peak})")
 
 
 def dp_target_from_args(args):
@@ -759,13 +766,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: verbs that walk a whole model block by block (or a file layer by layer) once: they report
+#: each step (fedlib.progress); the privacy verbs run such walks by the hundred and do not
+PROGRESS_VERBS = ("client-mask", "client-weights", "iterative", "fedspallm", "aggregate", "evaluate")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from fedlib import progress
     from fedlib.data import DataError
     from fedlib.maskfile import MaskFileError
 
     try:
-        args.func(args)
+        with progress.reporting(args.command) if args.command in PROGRESS_VERBS else contextlib.nullcontext():
+            args.func(args)
     except (MaskFileError, DataError, FileNotFoundError, ValueError) as err:
         print(f"fedlib {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -34,9 +34,11 @@ def decide_block(
     *,
     upload_weights: bool = False,
 ) -> BlockDecision:
-    """Each pruner's mask at its ratio (and its updated weights, for methods with an update).
-    ``upload_weights``: every layer gets a weight in the decision, the masked current weights
-    for methods without an update (FedSpaLLM uploads weights for every layer), on the host."""
+    """Each pruner's mask at its ratio (and its updated weights, for methods with an update),
+    on the compute device: what leaves the device is the caller's choice (a mask file packs the
+    bits there first). ``upload_weights``: every layer gets a weight in the decision, the
+    masked current weights (float32) for methods without an update (FedSpaLLM uploads weights
+    for every layer)."""
     decision = BlockDecision(masks={})
     for name, pruner in pruners.items():
         ratio = sparsity[name] if isinstance(sparsity, Mapping) else sparsity
@@ -45,7 +47,7 @@ def decide_block(
         if pruner.updated_weight is not None:
             decision.weights[name] = pruner.updated_weight
         elif upload_weights:
-            current = pruner.layer.weight.detach().to(device="cpu", dtype=torch.float32)
+            current = pruner.layer.weight.detach().to(torch.float32)
             decision.weights[name] = current.masked_fill(decision.masks[name], 0.0)
     return decision
 
@@ -95,7 +97,8 @@ def prune_locally(
     ``blocks``: only blocks ``0..blocks-1`` (the forward stops there). ``on_block(index,
     decision)`` sees each block's decision as it is made; with ``keep=False`` nothing else is
     kept (a 7B client streams its masks to the mask file instead of holding them). Returns the
-    masks (and updated weights) of the pruned linears; the model itself is left unchanged."""
+    masks (and updated weights) of the pruned linears, on the host; the model itself is left
+    unchanged."""
     handle = ModelHandle.of(model)
     factory = resolve_method(method)
     options = dict(method_options or {})
@@ -118,8 +121,8 @@ def prune_locally(
         if runner.n_clients:
             step.propagate(0, decision)
         if keep:
-            result.masks.update(decision.masks)
-            result.weights.update(decision.weights)
+            result.masks.update({name: mask.cpu() for name, mask in decision.masks.items()})
+            result.weights.update({name: weight.cpu() for name, weight in decision.weights.items()})
             result.layer_sparsity.update(decision.layer_sparsity)
         if on_block is not None:
             on_block(step.index, decision)

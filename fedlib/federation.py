@@ -409,7 +409,7 @@ def _fedspallm_round(
     its activations pass through its own pruned version of sampled blocks and the dense base
     weights of unsampled ones (Eq. 9); nothing after its last sampled block is run.
     ``on_block(client, index, decision)`` receives each upload (masks and weights of every
-    linear of the block, 0 where pruned, on the host); ``after_block(index)`` runs once every
+    linear of the block, 0 where pruned, on the compute device); ``after_block(index)`` runs once every
     client is done with the block. Returns each client's compute seconds."""
     factory = get_method(method)  # any method works; without an update the upload is the masked weights
     options = dict(method_options or {})
@@ -465,14 +465,14 @@ def fedspallm_client(
 ) -> BlockDecision:
     """One FedSpaLLM client round (see :func:`_fedspallm_round`): prune ``blocks`` starting
     from ``global_weights`` / ``global_masks`` (dense base weights where absent). Returns (when
-    ``keep``) masks and updated weights (0 where pruned) of the sampled blocks' linears;
-    ``on_block`` streams them."""
+    ``keep``) masks and updated weights (0 where pruned) of the sampled blocks' linears, on the
+    host; ``on_block`` streams them (on the compute device)."""
     result = BlockDecision(masks={})
 
     def upload(_client: int, index: int, decision: BlockDecision) -> None:
         if keep:
-            result.masks.update(decision.masks)
-            result.weights.update(decision.weights)
+            result.masks.update({name: mask.cpu() for name, mask in decision.masks.items()})
+            result.weights.update({name: weight.cpu() for name, weight in decision.weights.items()})
         if on_block is not None:
             on_block(index, decision)
 

@@ -29,19 +29,32 @@ def _seed_value(seed: int, *names: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
-def tie_break_keys(flat_index: np.ndarray, seed: int, *names: object) -> np.ndarray:
-    """The secondary sort key of each weight (by its row-major flat index in the layer).
+#: splitmix64's constants as signed 64-bit integers (torch has no unsigned 64-bit arithmetic)
+_GOLDEN, _MIX1, _MIX2 = (c - (1 << 64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+_INT64_MIN = -(1 << 63)
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic on signed integers)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def tie_break_keys(flat_index: torch.Tensor, seed: int, *names: object) -> torch.Tensor:
+    """The secondary sort key of each weight (by its row-major flat index in the layer, int64),
+    on the index's device.
 
     splitmix64 of (index XOR a base derived from seed and names): a bijection on 64-bit
     integers, so keys are distinct and define a total order; they depend only on the seed,
-    the names and the index, never on visiting order or process.
+    the names and the index, never on visiting order, process or device. Computed in int64
+    (products wrap modulo 2^64 as unsigned ones do) and returned with the sign bit flipped, so
+    that the signed order of the keys is the unsigned order of the splitmix64 values.
     """
-    x = flat_index.astype(np.uint64) ^ np.uint64(_seed_value(seed, *names))
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    base = _seed_value(seed, *names)
+    x = flat_index.to(torch.int64) ^ (base - (1 << 64) if base >= 1 << 63 else base)
+    x = x + _GOLDEN
+    x = (x ^ _shift_right(x, 30)) * _MIX1
+    x = (x ^ _shift_right(x, 27)) * _MIX2
+    return (x ^ _shift_right(x, 31)) ^ _INT64_MIN
 
 
 def pruned_count(size: int, sparsity: float) -> int:
@@ -61,30 +74,42 @@ def sparsity_for_count(count: int, size: int) -> float:
     return (count + 0.5) / size
 
 
-def _lowest_k_per_row(scores: np.ndarray, index: np.ndarray, k: int, seed: int, names: tuple) -> np.ndarray:
-    """Mask of the k lowest (score, key) of each row of ``scores``; ``index`` gives each
-    entry's flat index in the layer (for its tie-break key).
+def kth_smallest(values: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th smallest value (1-based) of each row of ``values``, as a column. An order
+    statistic is the same number whichever algorithm finds it: numpy's introselect on the host
+    (several times faster there than torch's kthvalue), torch's kthvalue on a device (no copy
+    of the scores to the host)."""
+    if values.device.type == "cpu":
+        return torch.from_numpy(np.partition(values.numpy(), k - 1, axis=1)[:, k - 1 : k])
+    return values.kthvalue(k, dim=1, keepdim=True).values
 
-    Selection (numpy's introselect) instead of a full sort: ties only matter at each row's
-    threshold, and only the tied entries there get keys. numpy's partition is several times
-    faster than torch's sort or kthvalue on CPU.
+
+def _lowest_k_per_row(values: torch.Tensor, k: int, strides: tuple[int, int], seed: int,
+                      names: tuple) -> torch.Tensor:
+    """Mask of the k lowest (score, key) of each row of ``values``, on its device; entry (r, c)
+    is the layer's weight of flat index ``r * strides[0] + c * strides[1]`` (for its key).
+
+    Selection instead of a full sort: ties only matter at each row's threshold, and only the
+    tied entries of the rows where they decide get keys.
     """
-    groups, size = scores.shape
+    groups, size = values.shape
     if k <= 0:
-        return np.zeros(scores.shape, dtype=bool)
+        return torch.zeros(values.shape, dtype=torch.bool, device=values.device)
     if k >= size:
-        return np.ones(scores.shape, dtype=bool)
-    threshold = np.partition(scores, k - 1, axis=1)[:, k - 1 : k]
-    mask = scores < threshold
-    equal = scores == threshold
-    need = k - mask.sum(axis=1)
-    n_equal = equal.sum(axis=1)
+        return torch.ones(values.shape, dtype=torch.bool, device=values.device)
+    threshold = kth_smallest(values, k)
+    mask = values < threshold
+    equal = values == threshold
+    need = k - mask.sum(dim=1)
+    n_equal = equal.sum(dim=1)
     mask |= equal & (n_equal <= need)[:, None]
-    tied = np.nonzero(n_equal > need)[0]
-    if tied.size:
+    tied = torch.nonzero(n_equal > need).flatten()
+    if tied.numel():
         sub_equal = equal[tied]
-        keys = np.where(sub_equal, tie_break_keys(index[tied], seed, *names), np.iinfo(np.uint64).max)
-        kth_key = np.take_along_axis(np.sort(keys, axis=1), (need[tied] - 1)[:, None], axis=1)
+        columns = torch.arange(size, device=values.device)
+        keys = tie_break_keys(tied[:, None] * strides[0] + columns * strides[1], seed, *names)
+        keys = keys.masked_fill(~sub_equal, torch.iinfo(torch.int64).max)
+        kth_key = keys.sort(dim=1).values.gather(1, (need[tied] - 1)[:, None])
         mask[tied] |= sub_equal & (keys <= kth_key)
     return mask
 
@@ -96,36 +121,35 @@ def prune_lowest(
     seed: int,
     name: str = "",
 ) -> torch.Tensor:
-    """Boolean mask (True = pruned) of the lowest-scoring weights of a 2-D score matrix.
+    """Boolean mask (True = pruned) of the lowest-scoring weights of a 2-D score matrix, on
+    the scores' device (a mask selected on a GPU never visits the host).
 
     ``group`` is ``layer`` (lowest fraction of the whole matrix), ``row`` (of each output
     row), ``column`` (of each input column) or ``N:M`` (N of every M consecutive input
     weights of each row, e.g. ``2:4``). Among equal scores the weight with the smaller
     :func:`tie_break_keys` key (from ``seed``, ``name`` and ``group``) is pruned first, so
-    the result is bit-identical across runs and machines.
+    the result is bit-identical across runs, machines and devices for the same scores.
     """
     if scores.dim() != 2:
         raise ValueError(f"scores must be 2-D, got shape {tuple(scores.shape)}")
-    values = scores.detach().to("cpu").numpy()
-    if np.isnan(values).any():
+    values = scores.detach()
+    if bool(torch.isnan(values).any()):
         raise ValueError(f"{name}: scores contain NaN")
     rows, cols = values.shape
-    index = np.arange(rows * cols, dtype=np.int64).reshape(rows, cols)
     names = (name, group)
     if group == "layer":
-        k = pruned_count(rows * cols, sparsity)
-        mask = _lowest_k_per_row(values.reshape(1, -1), index.reshape(1, -1), k, seed, names)
+        mask = _lowest_k_per_row(values.reshape(1, -1), pruned_count(rows * cols, sparsity), (0, 1), seed, names)
     elif group == "row":
-        mask = _lowest_k_per_row(values, index, pruned_count(cols, sparsity), seed, names)
+        mask = _lowest_k_per_row(values, pruned_count(cols, sparsity), (cols, 1), seed, names)
     elif group == "column":
         k = pruned_count(rows, sparsity)
-        mask = _lowest_k_per_row(np.ascontiguousarray(values.T), np.ascontiguousarray(index.T), k, seed, names).T
+        mask = _lowest_k_per_row(values.T.contiguous(), k, (1, cols), seed, names).T
     else:
         n, m = parse_nm(group)
         if cols % m:
             raise ValueError(f"{name}: {cols} input columns are not divisible by M={m} for {group}")
-        mask = _lowest_k_per_row(values.reshape(-1, m), index.reshape(-1, m), n, seed, names)
-    return torch.from_numpy(np.ascontiguousarray(mask.reshape(rows, cols)))
+        mask = _lowest_k_per_row(values.reshape(-1, m), n, (m, 1), seed, names)
+    return mask.reshape(rows, cols).contiguous()
 
 
 def parse_nm(group: str) -> tuple[int, int]:

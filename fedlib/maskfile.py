@@ -84,8 +84,20 @@ class MaskFileError(ValueError):
 
 
 def pack_bits(mask: torch.Tensor) -> torch.Tensor:
-    flat = mask.detach().to("cpu", torch.bool).reshape(-1).numpy()
+    """The mask's bits packed (module docstring), on the host. A mask on a device is packed
+    there, so that one eighth of it crosses to the host."""
+    if mask.device.type != "cpu":
+        return pack_bits_torch(mask).cpu()
+    flat = mask.detach().to(torch.bool).reshape(-1).numpy()
     return torch.from_numpy(np.packbits(flat, bitorder="little"))
+
+
+def pack_bits_torch(mask: torch.Tensor) -> torch.Tensor:
+    """:func:`pack_bits` in torch operations, on the mask's device."""
+    flat = mask.detach().reshape(-1).to(torch.uint8)
+    octets = torch.nn.functional.pad(flat, (0, -flat.numel() % 8)).reshape(-1, 8)
+    place = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8).to(device=flat.device)
+    return (octets * place).sum(dim=1, dtype=torch.uint8)
 
 
 def unpack_bits(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:

@@ -151,14 +151,15 @@ class ModelHandle:
             self._layers = prunable_layers(self.model)
         return self._layers
 
-    def block_tensors(self, index: int) -> dict[str, torch.Tensor]:
+    def block_tensors(self, index: int, pinned: bool = False) -> dict[str, torch.Tensor]:
         """Block ``index``'s parameters by their name inside the block, on the host: read from
-        the checkpoint (stored dtype) for a lazy block, the block's own tensors otherwise."""
+        the checkpoint (stored dtype; into pinned memory with ``pinned``) for a lazy block, the
+        block's own tensors otherwise."""
         block = self.block(index)
         if not self.is_lazy(index):
             return {name: p.detach() for name, p in block.named_parameters()}
         prefix = f"{self.prefix}.{index}."
-        return {name: self.checkpoint.read(prefix + name) for name, _ in block.named_parameters()}
+        return {name: self.checkpoint.read(prefix + name, pinned) for name, _ in block.named_parameters()}
 
     def load_all(self) -> nn.Module:
         """Read every lazy block into host memory (at the handle's dtype): the whole model."""

@@ -36,12 +36,14 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from fedlib import progress
 from fedlib.models import ModelHandle, block_linears, owner_and_leaf, parse_dtype
 
 if TYPE_CHECKING:
@@ -86,20 +88,22 @@ class Placement:
     def label(self) -> str:
         return f"{self.device}/{str(self.dtype).removeprefix('torch.')}"
 
-    def move(self, value):
+    def move(self, value, non_blocking: bool = False):
         """``value`` (a tensor, or tuples / lists / dicts of them) on the device; floating
         tensors in the compute dtype, others keep theirs. Device objects are always passed as
-        ``torch.device`` (a string would make torch initialise CUDA even under a fake mode)."""
+        ``torch.device`` (a string would make torch initialise CUDA even under a fake mode).
+        ``non_blocking``: a copy from pinned host memory does not wait for the device (only
+        for host tensors that stay untouched until the device has read them)."""
         if isinstance(value, torch.Tensor):
             if value.is_floating_point():
-                return value.to(device=self.device, dtype=self.dtype)
-            return value.to(device=self.device)
+                return value.to(device=self.device, dtype=self.dtype, non_blocking=non_blocking)
+            return value.to(device=self.device, non_blocking=non_blocking)
         if isinstance(value, tuple):
-            return tuple(self.move(v) for v in value)
+            return tuple(self.move(v, non_blocking) for v in value)
         if isinstance(value, list):
-            return [self.move(v) for v in value]
+            return [self.move(v, non_blocking) for v in value]
         if isinstance(value, dict):
-            return {k: self.move(v) for k, v in value.items()}
+            return {k: self.move(v, non_blocking) for k, v in value.items()}
         return value
 
     def holds(self, tensor: torch.Tensor) -> bool:
@@ -113,11 +117,49 @@ CPU = Placement()
 # --------------------------------------------------------------------------- residency
 
 
+class BlockReader:
+    """Block tensors read from a lazy handle's checkpoint one block ahead, on a background
+    thread, while the current block computes (the read is disk time the device would otherwise
+    idle through). For a CUDA placement they are read into pinned host memory, so that their
+    copy to the device does not hold the host thread. Blocks held in memory are not read."""
+
+    def __init__(self, handle: ModelHandle, placement: Placement, indices: Sequence[int]):
+        self.handle, self.indices = handle, [i for i in indices if handle.is_lazy(i)]
+        self.pinned = placement.device.type == "cuda" and torch.cuda.is_available()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedlib-block-reader") \
+            if self.indices else None
+        self.pending: dict[int, Future] = {}
+        self._ahead(0)
+
+    def _ahead(self, position: int) -> None:
+        for index in self.indices[position : position + 1]:
+            if index not in self.pending:
+                self.pending[index] = self.pool.submit(self.handle.block_tensors, index, pinned=self.pinned)
+
+    def tensors(self, index: int) -> dict[str, torch.Tensor] | None:
+        """Block ``index``'s tensors when this reader reads that block (and the read of the
+        next one started), else None."""
+        if index not in self.indices:
+            return None
+        self._ahead(self.indices.index(index))
+        tensors = self.pending.pop(index).result()
+        self._ahead(self.indices.index(index) + 1)
+        return tensors
+
+    def close(self) -> None:
+        if self.pool is not None:
+            for future in self.pending.values():
+                future.cancel()
+            self.pool.shutdown(wait=True)
+
+
 @contextlib.contextmanager
-def resident_block(handle: ModelHandle, index: int, placement: Placement) -> Iterator[nn.Module]:
+def resident_block(handle: ModelHandle, index: int, placement: Placement,
+                   tensors: Mapping[str, torch.Tensor] | None = None) -> Iterator[nn.Module]:
     """Block ``index`` with its weights on ``placement`` for the duration of the context; the
     block object is the model's own (hooks and names work), its parameters are swapped for the
-    device copies and back. Nothing is copied when the weights already are in place."""
+    device copies and back. Nothing is copied when the weights already are in place.
+    ``tensors``: the block's tensors when already read (:class:`BlockReader`)."""
     block = handle.block(index)
     if not handle.is_lazy(index) and all(placement.holds(p) for p in block.parameters()) \
             and all(b.device == placement.device for b in block.buffers()):
@@ -125,10 +167,10 @@ def resident_block(handle: ModelHandle, index: int, placement: Placement) -> Ite
         return
     saved: list[tuple[nn.Module, str, str, torch.Tensor]] = []
     try:
-        for name, tensor in handle.block_tensors(index).items():
+        for name, tensor in (tensors if tensors is not None else handle.block_tensors(index)).items():
             module, leaf = owner_and_leaf(block, name)
             saved.append((module, "_parameters", leaf, module._parameters[leaf]))
-            module._parameters[leaf] = nn.Parameter(placement.move(tensor), requires_grad=False)
+            module._parameters[leaf] = nn.Parameter(placement.move(tensor, non_blocking=True), requires_grad=False)
         for name, buffer in list(block.named_buffers()):
             module, leaf = owner_and_leaf(block, name)
             saved.append((module, "_buffers", leaf, buffer))
@@ -497,12 +539,18 @@ class BlockRunner:
         return len(self.states)
 
     def steps(self, limit: int | None = None) -> Iterator[BlockStep]:
-        """Blocks ``0..limit-1`` (all by default), each resident while its step is in use."""
+        """Blocks ``0..limit-1`` (all by default), each resident while its step is in use; the
+        next block is read from the checkpoint meanwhile (:class:`BlockReader`), and each block
+        done is reported to the active :func:`fedlib.progress.reporting` (if any)."""
         stop = self.n_blocks if limit is None else min(limit, self.n_blocks)
-        for index in range(stop):
-            with resident_block(self.handle, index, self.placement) as block:
-                kwargs = self.placement.move(self.host_kwargs[index]) if self.host_kwargs else {}
-                yield BlockStep(self, index, block, kwargs, last=index == stop - 1)
+        reader = BlockReader(self.handle, self.placement, range(stop))
+        try:
+            for index in progress.track(range(stop), "block"):
+                with resident_block(self.handle, index, self.placement, reader.tensors(index)) as block:
+                    kwargs = self.placement.move(self.host_kwargs[index]) if self.host_kwargs else {}
+                    yield BlockStep(self, index, block, kwargs, last=index == stop - 1)
+        finally:
+            reader.close()
 
     @torch.no_grad()
     def logits(self, client: int) -> Iterator[torch.Tensor]:

@@ -4,12 +4,13 @@ import numpy as np
 import pytest
 import torch
 
+import fedlib.groups
 from fedlib.groups import expected_pruned, prune_lowest, pruned_count, tie_break_keys
 
 
 def brute_force(scores, sparsity, group, seed, name):
     rows, cols = scores.shape
-    keys = tie_break_keys(np.arange(rows * cols), seed, name, group).reshape(rows, cols)
+    keys = tie_break_keys(torch.arange(rows * cols), seed, name, group).reshape(rows, cols)
     s = scores.numpy()
     if group == "layer":
         groups = [[(r, c) for r in range(rows) for c in range(cols)]]
@@ -85,3 +86,39 @@ def test_sparsity_for_count_prunes_exactly_that_count():
     for size in (1, 2, 3, 7, 10, 64, 1000, 4096 * 11008):
         for count in sorted({0, 1, size // 3, size // 2, size - 1, size}):
             assert pruned_count(size, sparsity_for_count(count, size)) == count, (size, count)
+
+
+def _splitmix64(value: int) -> int:
+    """splitmix64's finaliser in Python integers (arbitrary precision, reduced modulo 2^64)."""
+    mod = 1 << 64
+    z = (value + 0x9E3779B97F4A7C15) % mod
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % mod
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % mod
+    return z ^ (z >> 31)
+
+
+def test_tie_break_keys_order_is_splitmix64_in_unsigned_order():
+    """The int64 keys (wrapping products, logical shifts, sign bit flipped) order weights as
+    splitmix64's unsigned 64-bit values do, computed independently in Python integers."""
+    index = torch.tensor([0, 1, 2, 7, 1000, 123456789, (1 << 40) + 3, (1 << 62) + 5])
+    base = fedlib.groups._seed_value(3, "layer.q", "row")
+    reference = [_splitmix64(int(i) ^ base) for i in index]
+    keys = tie_break_keys(index, 3, "layer.q", "row").tolist()
+    assert sorted(range(len(index)), key=lambda i: keys[i]) == sorted(range(len(index)), key=lambda i: reference[i])
+    assert [k + (1 << 63) for k in keys] == reference  # the flipped sign bit is the only change
+
+
+@pytest.mark.parametrize("group", ["layer", "row", "column", "2:4"])
+def test_device_kernel_gives_the_host_masks(monkeypatch, group):
+    """The kernel a GPU runs (torch's kthvalue for the threshold, keys in int64 torch ops), fed
+    the same scores as the host kernel (numpy's introselect), selects the same weights: with
+    few distinct values (ties decided by keys) and without."""
+    gen = torch.Generator().manual_seed(5)
+    cases = [torch.randint(0, 4, (48, 64), generator=gen).float(),
+             torch.rand(48, 64, generator=gen),
+             torch.randint(0, 17, (48, 64), generator=gen).float() * torch.rand(64, generator=gen)]
+    host = [prune_lowest(scores, s, group, 11, "m") for scores in cases for s in (0.3, 0.5, 0.7)]
+    monkeypatch.setattr(fedlib.groups, "kth_smallest",
+                        lambda values, k: values.kthvalue(k, dim=1, keepdim=True).values)
+    device = [prune_lowest(scores, s, group, 11, "m") for scores in cases for s in (0.3, 0.5, 0.7)]
+    assert all(torch.equal(a, b) for a, b in zip(host, device))

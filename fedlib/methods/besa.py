@@ -109,7 +109,7 @@ def ranks_in_group(scores: torch.Tensor, group: str) -> tuple[torch.Tensor, int]
         raise ValueError(f"besa: unsupported group {group!r}")
     order = torch.argsort(flat, dim=dim, stable=True)
     ranks = torch.empty_like(order)
-    positions = torch.arange(flat.shape[dim]).unsqueeze(1 - dim).expand_as(order)
+    positions = torch.arange(flat.shape[dim], device=flat.device).unsqueeze(1 - dim).expand_as(order)
     ranks.scatter_(dim, order, positions)
     return ranks.reshape(rows, cols), size
 

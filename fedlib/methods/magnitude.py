@@ -12,4 +12,4 @@ class MagnitudePruner(LayerPruner):
     needs_calibration = False
 
     def scores(self) -> torch.Tensor:
-        return self.layer.weight.detach().float().cpu().abs()
+        return self.layer.weight.detach().float().abs()

@@ -141,7 +141,7 @@ def obs_prune(
     otherwise groups are selected as described in the module docstring.
 
     Returns ``(new_weight, mask, loss)``: ``new_weight`` has exact zeros where pruned, ``mask``
-    is a CPU bool tensor, ``loss = 1/2 * sum_i (w_i - q_i)^2 / U_ii^2`` summed over all rows,
+    is a bool tensor (both on ``weight``'s device), ``loss = 1/2 * sum_i (w_i - q_i)^2 / U_ii^2`` summed over all rows,
     which equals ``1/2 * sum_rows (w - w_new) Hd (w - w_new)^T`` (the layer reconstruction
     error under the damped Hessian ``Hd``).
     """
@@ -202,7 +202,7 @@ def obs_prune(
             if not fixed and (group == "column" or (m and i % m == 0)):
                 width = 1 if group == "column" else m
                 sub = T[i : i + width].T.pow(2) / d[i : i + width].pow(2).reshape(1, -1)
-                chosen = prune_lowest(sub, sparsity, group, seed, f"{name}#col{i1 + i}").to(device)
+                chosen = prune_lowest(sub, sparsity, group, seed, f"{name}#col{i1 + i}")
                 pruned_t[i : i + width] = chosen.T
                 kept_t[i : i + width] = ~chosen.T
             # err = (w - q) / U_ii with q = w at the pruned entries set to 0: w - q is w there
@@ -220,7 +220,7 @@ def obs_prune(
         # reference multiplies them)
         W[:, i2:] -= err_t.T.contiguous() @ hinv_upper[i1:i2, i2:]
         done_cols = i2
-    return W, full_mask.cpu(), float(loss)
+    return W, full_mask, float(loss)
 
 
 class InputGram:
@@ -338,11 +338,11 @@ class SparseGPTPruner(LayerPruner):
 
     def scores(self) -> torch.Tensor:
         """The non-sequential metric ``W^2 / [(H + lambda I)^-1]_jj`` (or ``/ U_jj^2`` with
-        ``metric_diag="cholesky"``) from the original weights; dead inputs score 0. Float32, CPU,
-        (out_features, in_features)."""
+        ``metric_diag="cholesky"``) from the original weights; dead inputs score 0. Float32, on
+        the statistics' device, (out_features, in_features)."""
         diag, dead = self._metric_diagonal()
         W = self._weight(dead)
-        return (W.pow(2) / diag.reshape(1, -1)).to(device="cpu", dtype=torch.float32)
+        return (W.pow(2) / diag.reshape(1, -1)).to(torch.float32)
 
     # -- pruning ------------------------------------------------------------------------------
 
@@ -359,7 +359,7 @@ class SparseGPTPruner(LayerPruner):
             name=self.layer_name,
             blocksize=self.blocksize,
         )
-        self.updated_weight = new_w.to(device="cpu", dtype=torch.float32)
+        self.updated_weight = new_w.to(torch.float32)
         self.loss = loss
         return mask
 

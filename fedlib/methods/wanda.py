@@ -22,13 +22,16 @@ class WandaPruner(LayerPruner):
 
     def __init__(self, layer: nn.Linear, layer_name: str):
         super().__init__(layer, layer_name)
-        # per-batch sums in float32 (fast), accumulated across batches in float64
+        # per-batch sums in float32 (fast), accumulated across batches in float64, where the
+        # inputs are (a device's statistics never visit the host)
         self.sq_sum = torch.zeros(layer.in_features, dtype=torch.float64)
         self.n_tokens = 0
 
     def add_batch(self, inp: torch.Tensor) -> None:
         x = inp.detach().reshape(-1, inp.shape[-1]).float()
-        self.sq_sum += (x * x).sum(dim=0).to("cpu", torch.float64)
+        if self.sq_sum.device != x.device:
+            self.sq_sum = self.sq_sum.to(x.device)
+        self.sq_sum += (x * x).sum(dim=0).to(torch.float64)
         self.n_tokens += x.shape[0]
 
     def mean_sq_input(self) -> torch.Tensor:
@@ -37,4 +40,4 @@ class WandaPruner(LayerPruner):
         return (self.sq_sum / self.n_tokens).to(torch.float32)
 
     def scores(self) -> torch.Tensor:
-        return wanda_scores(self.layer.weight.detach().float().cpu(), self.mean_sq_input())
+        return wanda_scores(self.layer.weight.detach().float(), self.mean_sq_input())

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from fedlib import progress
 from fedlib.groups import prune_lowest
 from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter
 from fedlib.models import LayerInfo
@@ -94,6 +95,7 @@ class VoteCount(LayerAggregator):
         self.reported = torch.zeros(info.shape, dtype=torch.int16) if hook and hook.randomizes_clients else None
 
     def add(self, client_id: str, mask: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+        mask = mask.to("cpu")  # the server counts on the host, whichever device a client masked on
         self.true += mask.to(torch.int16)
         if self.reported is not None:
             self.reported += self.strategy.hook.client_mask(client_id, self.info.name, mask).to(torch.int16)
@@ -245,7 +247,7 @@ class FedPrLLM(Strategy):
             for info in settled:
                 mask = earlier.layer_mask(info.name)
                 writer.add(info.name, mask, earlier.layer_votes(info.name, mask))
-            for info in current:  # one layer at a time, from the clients' files to the global file
+            for info in progress.track(current, "layer"):  # one layer at a time, clients' files to the global file
                 layer = self.layer_aggregator(info, len(kept), allocation)
                 for f in kept:
                     layer.add(f.header.client_id, f.layer_mask(info.name))

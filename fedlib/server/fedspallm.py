@@ -66,6 +66,7 @@ from pathlib import Path
 
 import torch
 
+from fedlib import progress
 from fedlib.groups import GROUPS, prune_lowest, seeded_generator, sparsity_for_count
 from fedlib.maskfile import MaskFileError
 from fedlib.models import LayerInfo
@@ -348,7 +349,7 @@ class FedSpaLLM(Strategy):
         prev_names = set(prev.layer_names) if prev is not None else set()
         masks, weights, votes, covered, clients_per_layer = {}, {}, {}, [], {}
         distance = ConsensusDistance(files)  # the outlier report: over the layers each client sent
-        for info in layers:
+        for info in progress.track(layers, "layer"):
             senders = [f for f in files if f.has_layer(info.name)]
             if senders:
                 layer = self.layer_aggregator(info, len(senders))

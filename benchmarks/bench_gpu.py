@@ -1,0 +1,247 @@
+"""GPU clients at the hardware's rate: `fedlib client-mask` and `fedlib evaluate` on a LLaMA-2-7B-shaped
+checkpoint on one CUDA device (`make bench-gpu`), written to ``benchmarks/results/gpu.json``.
+
+The checkpoint is :mod:`bench_scale`'s (the real LLaMA-2-7B config, random bfloat16 weights) with the
+weights drawn on the device (seconds instead of minutes; a device's random stream differs from the CPU's,
+so the build record says where they were drawn). Random weights measure time and memory only.
+
+Each run is its own process (``fedlib.jobsize.measured_run``: its own wall time and peak host RSS);
+the client prints its seconds per block after the model is open, the time to open it and the device's
+peak allocated memory. While a process runs, ``nvidia-smi`` samples the device's utilisation (the
+fraction of each 0.5 s in which a kernel ran): the *busy* figure is their mean over the client's block
+loop (the last ``blocks x seconds per block`` of its run).
+
+Runs: Wanda and SparseGPT with its update at 2 x 2048 tokens (a FedPrLLM client) and 128 x 2048
+(the papers' calibration set), perplexity of 16 x 2048 windows with the Wanda 128 x 2048 mask
+applied, and block 0's masks on the host (float32) and on the device (float32) from the same
+2 x 2048 tokens: how many weights the two devices decide differently (float sums in another order
+flip near-ties; the selection itself gives the same mask for the same scores on every device).
+
+Nothing here imports snakemake, lm-eval, constriction, dp-accounting or cryptography: a stock GPU image
+(torch, transformers, safetensors, numpy, scipy) runs it.
+
+    HF_HUB_OFFLINE=1 python benchmarks/bench_gpu.py                  # one H100: ~15 min with the build
+    HF_HUB_OFFLINE=1 python benchmarks/bench_gpu.py --shape tiny --device cpu --no-write   # the script itself
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from bench_scale import FEDLIB, FOLDERS, SCALE_DIR, SHAPES, build_checkpoint, calib_file, run_measured
+from common import write
+
+#: the issue's goals on one H100 at the 7B shape in bfloat16 (seconds after the model is open)
+GOALS = {
+    "wanda 128x2048 seconds": 20.0,
+    "wanda 2x2048 seconds": 10.0,
+    "sparsegpt_update 128x2048 seconds": 90.0,
+    "busy fraction during wanda 128x2048": 0.60,
+    "device peak over one block + activations (GiB)": 2.0,
+}
+SUMMARY = re.compile(r"in ([\d.]+)s \(([\d.]+)s per block, opened in ([\d.]+)s(?:, device peak ([\d.]+) GiB)?\)")
+
+
+class UtilisationSampler:
+    """``nvidia-smi`` utilisation samples (time, percent) of one device while the context runs;
+    none where there is no ``nvidia-smi`` (a CPU run of this script)."""
+
+    def __init__(self, index: int):
+        self.index, self.samples, self.proc = index, [], None
+
+    def __enter__(self) -> "UtilisationSampler":
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "-i", str(self.index), "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                 "-lms", "500"], stdout=subprocess.PIPE, text=True)
+            self.reader = threading.Thread(target=self._read, daemon=True)
+            self.reader.start()
+        return self
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.strip().isdigit():
+                self.samples.append((time.perf_counter(), int(line)))
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def busy(self, start: float, stop: float) -> float | None:
+        inside = [percent for t, percent in self.samples if start <= t <= stop]
+        return round(sum(inside) / len(inside) / 100, 3) if inside else None
+
+
+def run_with_samples(argv: list[str], label: str, device_index: int) -> tuple[dict, UtilisationSampler, float]:
+    with UtilisationSampler(device_index) as sampler:
+        row = run_measured(argv, label)
+        end = time.perf_counter()
+    return row, sampler, end
+
+
+def client(folder: Path, calib: Path, out: Path, method: str, args, label: str, device: str, dtype: str,
+           extra: list[str] = ()) -> dict:
+    argv = FEDLIB + ["client-mask", "--model", str(folder), "--calib", str(calib), "--method", method,
+                     "--sparsity", "0.5", "--group", "row", "--device", device, "--dtype", dtype,
+                     "--batch-size", str(args.batch_size), "--threads", str(args.threads), "--client-id", label,
+                     "--out", str(out), *extra]
+    row, sampler, end = run_with_samples(argv, label, args.device_index)
+    found = SUMMARY.search(row["stdout"])
+    if found is None:
+        raise RuntimeError(f"{label}: no summary line in {row['stdout']!r}")
+    total, per_block, opened, peak = found.groups()
+    blocks = 1 if "--round" in extra else args.n_blocks
+    loop = float(per_block) * blocks
+    row.update(label=label, method=method, device=device, dtype=dtype, seconds_per_block=float(per_block),
+               seconds_after_open=round(loop, 2), seconds_to_open=float(opened),
+               device_peak_gib=float(peak) if peak else None, busy_fraction=sampler.busy(end - loop, end))
+    print(f"  {label}: {row['seconds_after_open']:.1f}s after open ({row['seconds_per_block']:.2f}s per block, "
+          f"opened in {opened}s), busy {row['busy_fraction']}, device peak {row['device_peak_gib']} GiB, "
+          f"host peak {row['peak_rss_mib']:.0f} MiB")
+    return row
+
+
+def evaluate(folder: Path, windows: Path, mask: Path, args) -> dict:
+    out = windows.with_suffix(".json")
+    argv = FEDLIB + ["evaluate", "--model", str(folder), "--mask", str(mask), "--windows", str(windows),
+                     "--label", "bench", "--batch-size", str(args.eval_batch_size), "--threads", str(args.threads),
+                     "--device", args.device, "--dtype", args.dtype, "--out", str(out)]
+    row, sampler, end = run_with_samples(argv, "evaluate", args.device_index)
+    result = json.loads(out.read_text())
+    row.update(windows=args.eval_windows, seqlen=args.seqlen, ppl=result["perplexity"]["wikitext2"]["ppl"],
+               busy_fraction=sampler.busy(end - row["seconds"], end))
+    print(f"  evaluate {args.eval_windows} x {args.seqlen}: {row['seconds']:.1f}s (process), "
+          f"busy {row['busy_fraction']}")
+    return row
+
+
+def block0_agreement(folder: Path, calib: Path, work: Path, args) -> dict:
+    """Block 0's Wanda masks from the same tokens on the host and on the device, both float32."""
+    from fedlib.maskfile import MaskFile
+    from fedlib.models import open_model
+
+    files = {}
+    for side, device in (("host", "cpu"), ("device", args.device)):
+        files[side] = work / f"block0-{side}.mask.safetensors"
+        client(folder, calib, files[side], "wanda", args, f"block0-{side}", device, "float32", ["--round", "0"])
+    handle = open_model(str(folder), weights=False)
+    layers = [info for info in handle.layers() if info.block == 0]
+    host, dev = (MaskFile(files[side], handle.fingerprint(), layers, whole_model=False).masks()
+                 for side in ("host", "device"))
+    differ = sum(int((host[n] != dev[n]).sum()) for n in host)
+    total = sum(m.numel() for m in host.values())
+    print(f"  block 0, host vs {args.device} (float32): {differ} of {total} weights decided differently")
+    return {"weights": total, "differ": differ, "fraction": differ / total, "dtype": "float32",
+            "tokens": f"{args.small} x {args.seqlen}"}
+
+
+def block_bytes(folder: Path) -> int:
+    from fedlib.checkpoint import Checkpoint
+
+    return sum(t.nbytes for name, t in Checkpoint(folder).tensors.items() if name.startswith("model.layers.0."))
+
+
+def goals(runs: dict, block: int, activation_bytes: int, args) -> dict:
+    big, small = f"{args.large}x{args.seqlen}", f"{args.small}x{args.seqlen}"
+    measured = {
+        "wanda 128x2048 seconds": runs.get(f"wanda {big}", {}).get("seconds_after_open"),
+        "wanda 2x2048 seconds": runs.get(f"wanda {small}", {}).get("seconds_after_open"),
+        "sparsegpt_update 128x2048 seconds": runs.get(f"sparsegpt_update {big}", {}).get("seconds_after_open"),
+        "busy fraction during wanda 128x2048": runs.get(f"wanda {big}", {}).get("busy_fraction"),
+    }
+    peak = runs.get(f"wanda {big}", {}).get("device_peak_gib")
+    measured["device peak over one block + activations (GiB)"] = (
+        None if peak is None else round(peak - (block + activation_bytes) / 2**30, 2))
+    out = {}
+    for name, goal in GOALS.items():
+        value = measured[name]
+        met = None if value is None else (value >= goal if name.startswith("busy") else value <= goal)
+        out[name] = {"goal": goal, "measured": value, "met": met}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="7b", choices=sorted(SHAPES))
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N (or cpu: to try the script itself)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--seqlen", type=int, default=2048)
+    parser.add_argument("--small", type=int, default=2, help="samples of the FedPrLLM-sized client")
+    parser.add_argument("--large", type=int, default=128, help="samples of the papers' calibration set")
+    parser.add_argument("--methods", nargs="+", default=["wanda", "sparsegpt_update"])
+    parser.add_argument("--batch-size", type=int, default=8, help="client-mask --batch-size")
+    parser.add_argument("--eval-windows", type=int, default=16)
+    parser.add_argument("--eval-batch-size", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=4, help="host threads per process")
+    parser.add_argument("--skip-agreement", action="store_true", help="no host-vs-device block-0 masks")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_gpu: no CUDA device here (use --device cpu --shape tiny to try the script)")
+    args.device_index = (dev.index or 0) if dev.type == "cuda" else 0
+
+    shape = dict(SHAPES[args.shape])
+    args.n_blocks = shape["num_hidden_layers"]
+    folder = SCALE_DIR / (FOLDERS[args.shape] + ("-drawn-on-device" if dev.type == "cuda" else ""))
+    start = time.perf_counter()
+    build = build_checkpoint(folder, shape, device="cuda" if dev.type == "cuda" else "cpu")
+    build_seconds = time.perf_counter() - start
+    runs = {}
+    with tempfile.TemporaryDirectory(dir=SCALE_DIR) as tmp:
+        work = Path(tmp)
+        calib = {}
+        for n in (args.small, args.large):
+            (work / str(n)).mkdir()
+            calib[n] = calib_file(work / str(n), 0, n, args.seqlen, shape["vocab_size"])
+        for method in args.methods:
+            for n in (args.small, args.large):
+                key = f"{method} {n}x{args.seqlen}"
+                runs[key] = client(folder, calib[n], work / f"{method}-{n}.mask.safetensors", method, args, key,
+                                   args.device, args.dtype)
+        mask = work / f"wanda-{args.large}.mask.safetensors"
+        from fedlib.data import save_tokens
+
+        windows = work / "windows.safetensors"
+        gen = torch.Generator().manual_seed(7)
+        save_tokens(windows, torch.randint(0, shape["vocab_size"], (args.eval_windows, args.seqlen), generator=gen),
+                    dataset="wikitext2", total_windows=args.eval_windows)
+        evaluation = evaluate(folder, windows, mask, args) if mask.is_file() else None
+        agreement = None if args.skip_agreement else block0_agreement(folder, calib[args.small], work, args)
+    size = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    # a batch's activations: the block input, its MLP's widest intermediate, and the output kept
+    activation_bytes = args.batch_size * args.seqlen * (2 * shape["hidden_size"] + 2 * shape["intermediate_size"]) * size
+    block = block_bytes(folder)
+    record = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "shape": args.shape, "stored_dtype": "bfloat16", "compute_dtype": args.dtype,
+        "seqlen": args.seqlen, "batch_size": args.batch_size, "threads": args.threads,
+        "block_bytes": block, "activation_bytes_per_batch": activation_bytes,
+        "build": {"seconds_this_run": round(build_seconds, 1), "drawn_on": build.get("device", "cpu"),
+                  "bytes": build["bytes"]},
+        "runs": runs, "evaluate": evaluation, "block0_host_vs_device": agreement,
+        "goals": goals(runs, block, activation_bytes, args),
+        "note": "random weights: time and memory only; busy = mean nvidia-smi utilization.gpu over the block loop",
+    }
+    for name, row in record["goals"].items():
+        print(f"  goal {name}: {row['measured']} (goal {row['goal']}): "
+              f"{'met' if row['met'] else 'NOT met' if row['met'] is False else 'not measured'}")
+    if not args.no_write:
+        write("gpu", record)
+
+
+if __name__ == "__main__":
+    main()
