@@ -39,8 +39,11 @@ from pathlib import Path
 
 import torch
 
-from bench_scale import FEDLIB, FOLDERS, SCALE_DIR, SHAPES, build_checkpoint, calib_file, run_measured
-from common import write
+# a GPU image runs this from a plain checkout (fedlib not installed): the repository is on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_scale import FEDLIB, FOLDERS, SCALE_DIR, SHAPES, build_checkpoint, calib_file, run_measured  # noqa: E402
+from common import write  # noqa: E402
 
 #: the issue's goals on one H100 at the 7B shape in bfloat16 (seconds after the model is open)
 GOALS = {
@@ -222,7 +225,8 @@ def main() -> None:
         agreement = None if args.skip_agreement else block0_agreement(folder, calib[args.small], work, args)
     size = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
     # a batch's activations: the block input, its MLP's widest intermediate, and the output kept
-    activation_bytes = args.batch_size * args.seqlen * (2 * shape["hidden_size"] + 2 * shape["intermediate_size"]) * size
+    width = 2 * shape["hidden_size"] + 2 * shape["intermediate_size"]
+    activation_bytes = args.batch_size * args.seqlen * width * size
     block = block_bytes(folder)
     record = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",

@@ -28,7 +28,8 @@ def test_bench_reads_the_client_summary(tiny_model_dir, tmp_path, capsys):
                  "--out", str(tmp_path / "m.safetensors")]) == 0
     found = bench_gpu.SUMMARY.search(capsys.readouterr().out)
     assert found is not None and found.group(4) is None  # no device peak on a CPU
-    on_gpu = "wrote m (wanda, row, 0.5) on cuda:0/bfloat16 in 31.2s (0.81s per block, opened in 4.1s, device peak 9.12 GiB)"
+    on_gpu = ("wrote m (wanda, row, 0.5) on cuda:0/bfloat16 in 31.2s (0.81s per block, opened in 4.1s, "
+              "device peak 9.12 GiB)")
     assert bench_gpu.SUMMARY.search(on_gpu).groups() == ("31.2", "0.81", "4.1", "9.12")
 
 
