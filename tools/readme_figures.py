@@ -46,6 +46,25 @@ def precision(data: dict) -> str:
     return "\n".join(lines)
 
 
+def hessian_dtype(data: dict) -> str:
+    """SparseGPT's Hessian and update in float32 vs float64 (benchmarks/bench_hessian_dtype.py)."""
+    cal, ev = data["calibration"], data["evaluation"]
+    lines = [
+        f"{data['model']}, {cal['samples']} × {cal['seqlen']} {cal['dataset']} calibration tokens; perplexity on "
+        f"{ev['windows']} {ev['dataset']} windows of {ev['seqlen']} tokens, each model with its own run's mask and "
+        f"updated weights (dense {data['dense_ppl']:.2f}). Commit {data.get('commit', '?')}; {_machine(data)}, "
+        f"{data['threads']} thread(s).",
+        "",
+        "| method | group | sparsity | masks agree | weights that differ | ppl, float64 | ppl, float32 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in data["methods"]:
+        lines.append(
+            f"| {r['method']} | {r['group']} | {r['sparsity']:.0%} | {r['agreement']:.3%} | {r['differing_weights']:,} "
+            f"| {r['ppl_float64']:.2f} | {r['ppl_float32']:.2f} ({r['ppl_relative_difference']:+.2%}) |")
+    return "\n".join(lines)
+
+
 def scale(data: dict) -> str:
     """Client and server at the embedded model's and at LLaMA-2-7B's shape (benchmarks/bench_scale.py)."""
     load = data.get("load", {})
@@ -340,6 +359,7 @@ def _load(path: Path):
 
 SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "precision": (REPO / "benchmarks/results/precision.json", precision),
+    "hessian-dtype": (REPO / "benchmarks/results/hessian_dtype.json", hessian_dtype),
     "scale": (REPO / "benchmarks/results/scale.json", scale),
     "client-mask": (REPO / "benchmarks/results/client_mask.json", client_mask),
     "server": (REPO / "benchmarks/results/server.json", server),
