@@ -711,15 +711,19 @@ def _check_tensors(header: MaskHeader, entries: dict, meta: dict, head: bytes, s
 
 def _payload_bytes(header: MaskHeader, layer: dict, entries: dict, path: Path) -> int:
     """The length of a layer's ``mask:`` tensor: its packed bits (version 1), or what the file
-    says (version 2's coded layers vary), if it says it as a 1-D length within the file."""
+    says (version 2's coded layers vary), if it says it as a 1-D length within the file: at
+    least the layer's probability table (2 bytes per bucket), so an empty layer is refused here."""
     if header.format_version == 1:
         return (math.prod(layer["shape"]) + 7) // 8
+    from fedlib.maskcode import n_buckets
+
     name = f"mask:{layer['name']}"
     shape = entries.get(name, {}).get("shape") if isinstance(entries.get(name), dict) else None
-    if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int and 0 <= shape[0] <= MAX_HEADER_BYTES
-            and shape[0] <= math.prod(layer["shape"]) + 1024):
+    low, high = 2 * n_buckets(tuple(layer["shape"]), header.group), math.prod(layer["shape"]) + 1024
+    if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int and low <= shape[0] <= high
+            and shape[0] <= MAX_HEADER_BYTES):
         raise MaskFileError(path, name, f"expected a coded layer: uint8 of shape [bytes], bytes in "
-                                        f"0..{math.prod(layer['shape']) + 1024}, got {_show(entries.get(name), 120)}")
+                                        f"{low}..{high}, got {_show(entries.get(name), 120)}")
     return shape[0]
 
 
