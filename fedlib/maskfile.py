@@ -489,12 +489,14 @@ _PARSE = {
 #: randomized-response defence records its epsilon and what its votes are; the robust server
 #: (:mod:`fedlib.server.robust`) its rule and the clients whose votes it did not count. Weight files
 #: (:mod:`fedlib.weightfile`): payload, weight dtype and round; a global one also the blocks no
-#: upload covered and (``fedlib aggregate``) the expansion rounding.
+#: upload covered and (``fedlib aggregate``) the expansion rounding. A global file of a networked
+#: round (``flower/``) names the federation's clients whose upload it lacks (``absent_clients``: no
+#: answer by the round's deadline, or refused).
 EXTRAS = {
     ("client", "mask"): ((), ("method_options", "dtype", "dp")),
-    ("global", "mask"): ((), ("rr_epsilon_per_bit", "votes", "robust", "excluded_clients")),
+    ("global", "mask"): ((), ("rr_epsilon_per_bit", "votes", "robust", "excluded_clients", "absent_clients")),
     ("client", PAYLOAD): (("payload", "weight_dtype", "round"), ()),
-    ("global", PAYLOAD): (("payload", "weight_dtype", "round", "uncovered_blocks"), ("rounding",)),
+    ("global", PAYLOAD): (("payload", "weight_dtype", "round", "uncovered_blocks"), ("rounding", "absent_clients")),
 }
 #: optional fields a writer records together or not at all
 PAIRED_EXTRAS = (("robust", "excluded_clients"),)
@@ -505,6 +507,7 @@ _PARSE_EXTRA = {
     "votes": _text,
     "robust": _robust_rule,
     "excluded_clients": lambda t: _canonical_json(t, _client_list),
+    "absent_clients": lambda t: _canonical_json(t, _client_list),
     "payload": _one_of(PAYLOAD),
     "weight_dtype": _one_of(*WEIGHT_DTYPES),
     "round": _count,

@@ -194,8 +194,10 @@ class SecAggClient:
     _pair_keys: dict[int, bytes] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def create(cls, index: int, n_clients: int, rng: "_Randomness") -> "SecAggClient":
-        """Fresh secrets for one round (a new client for every round: nothing is reused)."""
+    def create(cls, index: int, n_clients: int, rng: "_Randomness | None" = None) -> "SecAggClient":
+        """Fresh secrets for one round (a new client for every round: nothing is reused), from
+        ``rng`` (a seeded simulation) or the OS."""
+        rng = rng or _Randomness(None)
         return cls(index, X25519PrivateKey.from_private_bytes(rng.bytes(32)), rng.bytes(32),
                    modulus_bits(n_clients), X25519PrivateKey.from_private_bytes(rng.bytes(32)))
 
@@ -208,13 +210,14 @@ class SecAggClient:
         return _raw(self.share_key.public_key()), self.public_key
 
     def share_secrets(self, advertised: Mapping[int, tuple[bytes, bytes]], threshold: int,
-                      rng: "_Randomness") -> dict[int, bytes]:
+                      rng: "_Randomness | None" = None) -> dict[int, bytes]:
         """Keep the round's public keys; Shamir-split the masking key and the self-mask seed
         t-of-n; one ciphertext per client (itself included), each readable by its recipient only."""
         if advertised.get(self.index) != self.advertise():
             raise SecAggError(f"client {self.index}: the server relayed other public keys than this client's")
         if not 1 <= threshold <= len(advertised):
             raise SecAggError(f"threshold must be in 1..{len(advertised)}, got {threshold}")
+        rng = rng or _Randomness(None)
         self.threshold = int(threshold)
         self.share_public_keys = {j: c for j, (c, _) in advertised.items()}
         self.public_keys = {j: s for j, (_, s) in advertised.items()}
@@ -244,6 +247,18 @@ class SecAggClient:
                                   "(altered in transit, or not meant for this client)") from None
             self.held_shares[sender] = ((x, int.from_bytes(plain[:SHARE_BYTES], "little")),
                                         (x, int.from_bytes(plain[SHARE_BYTES:], "little")))
+
+    def restrict(self, clients: Sequence[int]) -> None:
+        """Keep the clients whose shares the server delivered (SecAgg's U2): pair masks with
+        them only; a client that advertised keys but shared nothing is not in the round."""
+        keep = set(clients)
+        if self.index not in keep or not keep <= set(self.public_keys) or not keep <= set(self.held_shares):
+            raise SecAggError(f"client {self.index}: the round's clients {sorted(keep)} are not clients whose "
+                              f"shares it holds ({sorted(self.held_shares)})")
+        if len(keep) < self.threshold:
+            raise SecAggError(f"client {self.index}: {len(keep)} clients in the round, the threshold is {self.threshold}")
+        self.public_keys = {j: k for j, k in self.public_keys.items() if j in keep}
+        self.held_shares = {j: v for j, v in self.held_shares.items() if j in keep}
 
     def _pair(self, j: int) -> bytes:
         if j not in self._pair_keys:
