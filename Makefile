@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install install-slurm run test test-slurm report report-check benchmark bench-scale bench-peers clean
+.PHONY: install install-slurm install-flower run test test-slurm test-flower report report-check benchmark bench-scale bench-peers clean
 
 install: $(STAMP)
 
@@ -28,6 +28,15 @@ $(STAMP): pyproject.toml
 # the Slurm executor plugin (profiles/slurm)
 install-slurm: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,slurm]'
+
+# Flower (flower/, README "Across sites"): flwr in the same environment as fedlib
+install-flower: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,flower]'
+
+# federations of the .test model over a SuperLink and 3 SuperNodes on localhost (insecure test
+# mode, own free ports): one-shot and iterative with a SuperLink restart, run status and bytes
+test-flower: install-flower
+	$(BIN)/python -m pytest -q -rs -m flower
 
 # the tiny workflow through the executor plugin on a real Slurm, checked with sacct; brings up
 # a single-node Slurm first when none answers and ../shared/tools/slurm-up.sh is there (root)
