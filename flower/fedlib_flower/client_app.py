@@ -35,9 +35,10 @@ NODE_KEYS = {"model", "calib", "client-id"}
 
 
 class Site:
-    """The site's model handle, tokens and id, from its node config."""
+    """The site's model handle (``weights=False``: its fingerprint and layers only), tokens and
+    id, from its node config."""
 
-    def __init__(self, context: Context):
+    def __init__(self, context: Context, weights: bool = True):
         import torch
 
         from fedlib.data import load_tokens
@@ -50,7 +51,7 @@ class Site:
                              "(flower-supernode --node-config)")
         torch.set_num_threads(int(config.get("threads", 1)))
         self.client_id = str(config["client-id"])
-        self.handle = open_model(str(config["model"]))
+        self.handle = open_model(str(config["model"]), weights=weights)
         self.ids = load_tokens(Path(str(config["calib"])))[0]
 
 
@@ -88,7 +89,7 @@ def _mask_file(site: Site, message: Message, folder: Path) -> Path:
 def hello(message: Message, context: Context) -> Message:
     from fedlib import __version__
 
-    site = Site(context)
+    site = Site(context, weights=False)
     return Message(RecordDict({"hello": ConfigRecord({
         "client-id": site.client_id, "fingerprint": site.handle.fingerprint(), "fedlib-version": __version__,
         "n-samples": int(site.ids.shape[0])})}), reply_to=message)
