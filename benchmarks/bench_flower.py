@@ -32,6 +32,9 @@ sys.path.insert(0, str(REPO / "flower"))
 from fedlib_flower.localhost import Localhost, peak_rss_mib  # noqa: E402
 
 FEDLIB = [sys.executable, "-m", "fedlib"]
+#: name -> (label, mask file format, secure aggregation); secagg is checked against v1's global file
+VARIANTS = {"v1": ("format 1", 1, False), "v2": ("format 2", 2, False),
+            "secagg": ("format 1, secure aggregation", 1, True)}
 
 
 def fedlib(*argv) -> None:
@@ -87,7 +90,11 @@ def main() -> None:
     parser.add_argument("--seqlen", type=int, default=512)
     parser.add_argument("--parallel", type=int, default=2, help="sites computing at once (max-parallel)")
     parser.add_argument("--work", help="a folder to keep everything in (default: a temporary one)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                        help="which federations (default all; the JSON is written after each)")
     args = parser.parse_args()
+    if "secagg" in args.variants and "v1" not in args.variants[:args.variants.index("secagg")]:
+        parser.error("--variants: secagg is checked against the v1 federation's global file: list v1 before it")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.work or tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -100,15 +107,15 @@ def main() -> None:
             for c, path in enumerate(calib):
                 site.supernode(f"site-{c:02d}", {"model": str(model), "calib": str(path), "client-id": f"site-{c:02d}",
                                                   "threads": 1})
-            for label, version, secagg in (("format 1", 1, False), ("format 2", 2, False),
-                                           ("format 1, secure aggregation", 1, True)):
-                out = root / f"federation-{len(records)}"
+            for name in args.variants:
+                label, version, secagg = VARIANTS[name]
+                out = root / f"federation-{name}"
                 result = federation(site, model, out, args.clients, args.parallel, mode="one-shot", group="layer",
                                     method="wanda", **{"local-group": "row", "format-version": version, "secagg": secagg})
                 if not secagg:
                     check_bytes(model, out, calib[0], version, root)
                 elif (out / "global.mask.safetensors").read_bytes() != \
-                        (root / "federation-0" / "global.mask.safetensors").read_bytes():
+                        (root / "federation-v1" / "global.mask.safetensors").read_bytes():
                     raise SystemExit("secure aggregation's global file differs from the plain federation's")
                 rnd, flower = result["round"], result["flower"]
                 records.append({
@@ -128,15 +135,16 @@ def main() -> None:
                     "same_bytes_as": "the plain format 1 federation" if secagg else "fedlib aggregate",
                 })
                 print(json.dumps(records[-1]), flush=True)
+                write("flower", {  # after each federation: an interrupted run keeps what it measured
+                    "model": "smollm2-135m", "clients": args.clients, "samples_per_client": args.samples,
+                    "seqlen": args.seqlen, "method": "wanda", "local_group": "row", "server_group": "layer",
+                    "sparsity": 0.5, "mode": "one-shot", "parallel": args.parallel, "threads_per_site": 1,
+                    "records": records,
+                    "note": ("Flower 1.42 deployment engine on localhost (insecure test mode), every process on "
+                             "this machine's 2 cores, shared with other jobs"),
+                })
         finally:
             site.close()
-    write("flower", {
-        "model": "smollm2-135m", "clients": args.clients, "samples_per_client": args.samples, "seqlen": args.seqlen,
-        "method": "wanda", "local_group": "row", "server_group": "layer", "sparsity": 0.5, "mode": "one-shot",
-        "parallel": args.parallel, "threads_per_site": 1, "records": records,
-        "note": ("Flower 1.42 deployment engine on localhost (insecure test mode), every process on this "
-                 "machine's 2 cores, shared with other jobs"),
-    })
 
 
 if __name__ == "__main__":
