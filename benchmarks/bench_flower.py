@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,8 @@ def main() -> None:
     args = parser.parse_args()
     if "secagg" in args.variants and "v1" not in args.variants[:args.variants.index("secagg")]:
         parser.error("--variants: secagg is checked against the v1 federation's global file: list v1 before it")
+    # a SIGTERM (timeout, kill) unwinds like ^C, so the deployment's process groups are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.work or tmp)
         root.mkdir(parents=True, exist_ok=True)
