@@ -136,6 +136,25 @@ def secagg(data: dict) -> str:
     return "\n".join(lines)
 
 
+def flower(data: dict) -> str:
+    """fedlib over Flower on localhost, embedded model, the default federation (benchmarks/bench_flower.py)."""
+    mib = 2 ** 20
+    lines = [f"{data['model']}, {data['clients']} sites x {data['samples_per_client']} x {data['seqlen']} C4 tokens, "
+             f"{data['method']} {data['local_group']} {data['sparsity']:.0%}, server {data['mode']} "
+             f"{data['server_group']}; at most {data['parallel']} sites computing at once, {data['threads_per_site']} "
+             f"torch thread each; {data['note']}. {_provenance(data)}", "",
+             "| uploads | rounds | s per round | payload down / up | Flower traffic in / out | coordinator peak "
+             "| site ClientApp peak | SuperLink peak | SuperNode peak | global file equals |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['rounds']} | {r['seconds_per_round']:.0f} s "
+              f"| {r['bytes_down'] / mib:.1f} / {r['bytes_up'] / mib:.1f} MiB "
+              f"| {r['flower_inbound_bytes'] / mib:.1f} / {r['flower_outbound_bytes'] / mib:.1f} MiB "
+              f"| {r['coordinator_peak_rss_mib']:,.0f} MiB | {r['client_peak_rss_mib']:,.0f} MiB "
+              f"| {r['superlink_peak_rss_mib']:,.0f} MiB | {r['supernode_peak_rss_mib']:,.0f} MiB "
+              f"| {r['same_bytes_as']} |" for r in data["records"]]
+    return "\n".join(lines)
+
+
 def perplexity(data: dict) -> str:
     """`fedlib evaluate`'s perplexity path vs a bare forward (benchmarks/bench_perplexity.py)."""
     lines = []
@@ -365,6 +384,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "server": (REPO / "benchmarks/results/server.json", server),
     "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
     "secagg": (REPO / "benchmarks/results/secagg.json", secagg),
+    "flower": (REPO / "benchmarks/results/flower.json", flower),
     "perplexity": (REPO / "benchmarks/results/perplexity.json", perplexity),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),
