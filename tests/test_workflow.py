@@ -182,11 +182,17 @@ def test_named_study_targets_plan(tmp_path):
     config["studies"] = {"local_groups": ["layer"], "sparsities": [0.6], "methods": ["sparsegpt", "owl"],
                          "clients_sweep": [1, 3], "samples_sweep": [2, 4],
                          "noniid": {"per_dataset": 2, "clients": 3, "alpha": 5},
-                         "fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 1}}
+                         "fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 1},
+                         "table1_seeds": [0, 5]}
     write_config(tmp_path, config)
-    targets = ["table1_full", "table2", "table4", "table5", "table6", "table10", "table11", "table14",
+    targets = ["table1_full", "table1_seeds", "table2", "table4", "table5", "table6", "table10", "table11", "table14",
                "figure2", "figure3", "fedspallm2", "table12", "table13"]
-    jobs = planned_jobs(snakemake(tmp_path, *targets, "--configfile", str(tmp_path / "config.yaml"), "-n"))
+    out = snakemake(tmp_path, *targets, "--configfile", str(tmp_path / "config.yaml"), "-n", "-p")
+    jobs = planned_jobs(out)
+    # table1_seeds' second draw: its own pool, sampled and split with seed 5 (tie-breaks keep the config's seed 0)
+    assert re.search(r"--seed 5 --docs 0 50 --out results/pools/c4-3x32-seed5\.safetensors", out)
+    assert re.search(r"--pool results/pools/c4-3x32-seed5\.safetensors .*--seed 5 ", out)
+    assert re.search(r"--calib results/shards/c4-3x32-seed5/iid-3/client_0\.safetensors .*--seed 0 ", out)
     assert jobs["iterative"] == 4 and jobs["fedspallm"] == 1 and jobs["random_mask"] == 1
     assert all(jobs[f"study_{t}"] == 1 for t in targets)
     assert jobs["plot_figure2"] == jobs["plot_figure3"] == jobs["plot_table6"] == 1
