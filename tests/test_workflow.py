@@ -93,10 +93,22 @@ def test_real_run_then_reruns_only_what_changed(workdir):
     methods = [r[0] for r in rows[1:]]
     assert methods[:2] == ["Dense", "Centralized"] and methods[2].startswith("Local-only")
     assert methods.count("FedPrLLM") == 4
+    assert rows[0][7:] == [f"{d} vs centralized [95 % CI]" for d in ("WikiText-2", "C4", "PTB")]
     for row in rows[1:]:
-        for value in row[4:]:
+        for value in row[4:7]:
             assert float(value.split(" ")[0]) > 1.0
+    assert rows[2][7:] == ["reference"] * 3
+    for row in rows[1:2] + rows[4:]:  # the row's perplexity over Centralized's, inside its paired interval
+        for value, ppl, central in zip(row[7:], row[4:7], rows[2][4:7]):
+            factor = value.startswith("×")
+            ratio, low, high = (float(x.strip("×%").replace(",", "")) for x in
+                                re.fullmatch(r"(\S+) \[(\S+), (\S+)\]", value).groups())
+            assert low <= ratio <= high
+            shown = ratio if factor else 1 + ratio / 100
+            assert shown == pytest.approx(float(ppl) / float(central), rel=0.01)
     markdown = (workdir / "reports" / "table1.md").read_text()
+    assert "FedPrLLM (layer, one-shot) vs Local-only: WikiText-2 " in markdown
+    assert "- Not resolved at 95 %" in markdown or "- Every difference with an interval" in markdown
     assert "./model (fingerprint" in markdown and "held-out documents" in markdown
     for name in ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence"):
         assert "./model" in (workdir / "reports" / f"privacy_{name}.md").read_text(), name

@@ -300,6 +300,58 @@ def peers(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _variant_title(label: str) -> str:
+    from fedlib.catalog import Variant
+
+    variant = Variant.from_label(label)
+    if variant.kind == "fedprllm":
+        return variant.name
+    return f"Local-only client {variant.client}" if variant.kind == "local" else variant.kind.capitalize()
+
+
+def cpu_tolerance(data: dict) -> str:
+    """Table 1's masks and perplexities under other CPU kernels (benchmarks/bench_cpu_tolerance.py)."""
+    from fedlib.report import DATASET_TITLES
+
+    kernels = data["kernels"]
+    default = kernels["default"]
+    ev = data["evaluation"]
+    others = [k for k in kernels if k != "default"]
+    datasets = list(default["perplexity"]["dense"])
+    lines = [
+        f"The workflow (`{data['config']}`, setting {data['setting']}, {data['threads']} thread, {ev['windows']} windows "
+        f"× {ev['seqlen']} tokens per dataset) once per kernel setting, compared with the default kernels "
+        f"(PyTorch capability {default['capability']}): "
+        + "; ".join(f"`{k}` = {' '.join(f'{n}={v}' for n, v in kernels[k]['env'].items())} "
+                    f"(capability {kernels[k]['capability']})" for k in others)
+        + f". Calibration and window token files identical under every setting: "
+        f"{'yes' if all(kernels[k]['summary']['shards_identical'] for k in others) else 'NO'}"
+        + (f"; the default masks equal those of `make run` in another checkout: "
+           f"{'yes' if data['default_equals_reference'] else 'NO'}" if "default_equals_reference" in data else "")
+        + f". {_provenance(data)}",
+        "",
+        "| kernels | variant | mask bits that differ | blocks that differ (first) | "
+        + " | ".join(f"{DATASET_TITLES.get(d, d)} ppl change" for d in datasets) + " |",
+        "|---|---|---|---|" + "---|" * len(datasets),
+    ]
+    for k in others:
+        record = kernels[k]
+        for label in data["variants"]:
+            m = record["masks_vs_default"].get(label)
+            bits = "-" if m is None else f"{m['fraction']:.3%}"
+            blocks = "-" if m is None else (f"{m['blocks_differing']} of {m['blocks']} ({m['first_block_differing']})"
+                                           if m["blocks_differing"] else f"0 of {m['blocks']}")
+            changes = " | ".join(f"{record['ppl_change_vs_default'][label][d]:+.2%}" for d in datasets)
+            lines.append(f"| `{k}` | {_variant_title(label)} | {bits} | {blocks} | {changes} |")
+    worst = max(others, key=lambda k: kernels[k]["summary"]["max_abs_ppl_change"])
+    summary = kernels[worst]["summary"]
+    lines += ["", f"Tolerance across these kernels: masks differ in up to "
+                  f"{max(kernels[k]['summary']['max_mask_fraction'] for k in others):.2%} of the weights, and the pruned "
+                  f"rows' perplexities move by up to {summary['max_abs_ppl_change']:.2%} (`{worst}`; Dense "
+                  f"{max(kernels[k]['summary']['max_abs_dense_ppl_change'] for k in others):.2%})."]
+    return "\n".join(lines)
+
+
 def mask_compression(data: dict) -> str:
     """Mask file size, format version 1 vs 2 (benchmarks/bench_mask_compression.py)."""
     cal, records = data["calibration"], data["records"]
@@ -349,6 +401,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),
     "mask-compression": (REPO / "benchmarks/results/mask_compression.json", mask_compression),
+    "cpu-tolerance": (REPO / "benchmarks/results/cpu_tolerance.json", cpu_tolerance),
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
         ("table1", "reports/table1.csv"),
         ("table12-run", "reports/table12_run.csv"),

@@ -1,0 +1,59 @@
+"""The pure parts of benchmarks/bench_cpu_tolerance.py (mask comparison) and its README renderer;
+the bench itself runs the workflow once per kernel setting (minutes), which CI does not."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "tools"))
+
+import bench_cpu_tolerance  # noqa: E402
+import readme_figures  # noqa: E402
+
+
+def _masks(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"model.layers.{b}.{name}": torch.rand(shape, generator=g) < 0.5
+            for b in range(3) for name, shape in (("self_attn.q_proj", (4, 6)), ("mlp.up_proj", (5, 3)))}
+
+
+def test_compare_masks_counts_every_decision_that_differs_per_block():
+    a = _masks(0)
+    b = {k: v.clone() for k, v in a.items()}
+    b["model.layers.1.mlp.up_proj"][2, 1] ^= True
+    b["model.layers.2.self_attn.q_proj"][:, 0] ^= True
+    got = bench_cpu_tolerance.compare_masks(a, b)
+    # by hand: 1 + 4 decisions differ, in blocks 1 and 2, of 3 * (24 + 15) = 117 weights
+    assert got == {"differing": 5, "weights": 117, "fraction": 5 / 117, "blocks_differing": 2, "blocks": 3,
+                   "first_block_differing": 1, "block0_fraction": 0.0}
+    assert bench_cpu_tolerance.compare_masks(a, a)["first_block_differing"] is None
+    with pytest.raises(ValueError, match="different layers"):
+        bench_cpu_tolerance.compare_masks(a, {k: v for k, v in a.items() if "layers.2." not in k})
+
+
+def test_readme_block_states_the_largest_moves():
+    ppl = {"wikitext2": 60.0, "c4": 70.0}
+    kernels = {"default": {"env": {}, "capability": "AVX512", "perplexity": {"dense": ppl, "centralized": ppl}}}
+    for name, change in (("aten-avx2", 0.004), ("avx2", -0.012)):
+        kernels[name] = {
+            "env": {"ATEN_CPU_CAPABILITY": "avx2"}, "capability": "AVX2",
+            "masks_vs_default": {"centralized": {"fraction": abs(change) / 10, "blocks_differing": 29, "blocks": 30,
+                                                 "first_block_differing": 1}},
+            "ppl_change_vs_default": {"dense": {"wikitext2": 0.0, "c4": 0.0001},
+                                      "centralized": {"wikitext2": change, "c4": change / 2}},
+            "summary": {"max_mask_fraction": abs(change) / 10, "max_abs_ppl_change": abs(change),
+                        "max_abs_dense_ppl_change": 0.0001, "shards_identical": True}}
+    data = {"config": "config.yaml", "setting": "c4-32x512/iid-16/wanda-0.5-row", "threads": 1,
+            "evaluation": {"windows": 16, "seqlen": 512}, "variants": ["dense", "centralized"], "kernels": kernels,
+            "machine": {"cpus": 2, "machine": "x86_64", "torch": "2.13.0+cpu"}, "commit": "abc1234"}
+    text = readme_figures.cpu_tolerance(data)
+    assert "| `avx2` | Centralized | 0.120% | 29 of 30 (1) | -1.20% | -0.60% |" in text
+    assert "| `aten-avx2` | Dense | - | - | +0.00% | +0.01% |" in text
+    assert text.endswith("masks differ in up to 0.12% of the weights, and the pruned rows' perplexities move by up "
+                         "to 1.20% (`avx2`; Dense 0.01%).")
