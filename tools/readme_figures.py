@@ -302,6 +302,29 @@ def peers(data: dict) -> str:
     return "\n".join(lines)
 
 
+def eval_windows(data: dict) -> str:
+    """Window noise of Table 1's comparisons and the cost of a window (benchmarks/bench_eval_windows.py)."""
+    from fedlib.report import DATASET_TITLES
+
+    shown = list(next(iter(data["comparisons"].values()))["FedPrLLM (layer) vs Local-only"]["half_width"])
+    lines = [
+        f"On `make run`'s masks ({data['setting']}), {data['windows_per_dataset']} windows × {data['seqlen']} tokens "
+        f"per dataset, {data['threads']} thread: a window costs **{data['cpu_seconds_per_window']:.2f} CPU-seconds** "
+        f"per variant (median over {len(data['cpu_seconds'])} variants); `make run` evaluates "
+        f"{data['make_run_windows']} windows per dataset. {_provenance(data)}",
+        "",
+        "| dataset | comparison | mean log-ppl difference | sd per window | 95 % half-width at "
+        + " / ".join(shown) + " windows (* resolved) |",
+        "|---|---|---|---|---|",
+    ]
+    for dataset, comparisons in data["comparisons"].items():
+        for name, c in comparisons.items():
+            widths = " / ".join(f"±{c['half_width'][n]:.2%}" + ("*" if c["resolved_at"][n] else "") for n in shown)
+            lines.append(f"| {DATASET_TITLES.get(dataset, dataset)} | {name} | {c['mean']:+.2%} | {c['sd']:.4f} "
+                         f"| {widths} |")
+    return "\n".join(lines)
+
+
 def _variant_title(label: str) -> str:
     from fedlib.catalog import Variant
 
@@ -404,6 +427,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "peers": (REPO / "benchmarks/results/peers.json", peers),
     "mask-compression": (REPO / "benchmarks/results/mask_compression.json", mask_compression),
     "cpu-tolerance": (REPO / "benchmarks/results/cpu_tolerance.json", cpu_tolerance),
+    "eval-windows": (REPO / "benchmarks/results/eval_windows.json", eval_windows),
     # Table 1's header lines on FedPrLLM against Local-only and on what it does not resolve
     "table1": (REPO / "reports/table1.csv", table_csv(REPO / "reports/table1.csv",
                                                       ("- FedPrLLM (", "- Not resolved", "- Every difference"))),
