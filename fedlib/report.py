@@ -8,6 +8,12 @@ columns: ``perplexity`` (``fedlib evaluate``; one column per dataset) or ``zeros
 (``fedlib zeroshot``; one column per task plus the mean accuracy). One writer,
 :func:`write_spec_table`, serves every measure; a :class:`Measure` says how a result file
 becomes cells and which evaluation lines the header carries.
+
+A spec with ``paired_reference`` (a result file; Table 1: Centralized, Table 12: Dense) adds
+each row's paired difference from it on the same windows or documents, with its interval, and
+its header names every difference whose interval includes none; ``contrasts`` compare two
+other sets of results the same way (Table 1: FedPrLLM layer vs Local-only). A spec with
+``draws`` (:func:`write_draws_table`) is one table over several calibration draws.
 """
 
 from __future__ import annotations
@@ -281,7 +287,7 @@ def _perplexity_paired_columns(example: dict, name: str) -> list[tuple[str, str]
 
 
 def _perplexity_paired_lines(name: str) -> list[str]:
-    return [f"X vs {name}: the row's perplexity over {name}'s on the same windows (percent change, or a factor), "
+    return [f"Columns \"… vs {name}\": the row's perplexity over {name}'s on the same windows (percent change, or a factor), "
             "with a 95 % paired t interval over the windows' differences of mean log-likelihood; rows of several "
             "results (Local-only) pair the mean of their log-perplexities, so their interval is over windows for "
             "these clients (the spread between clients is the row's ± std). An interval that excludes no change is "
@@ -408,6 +414,13 @@ def _paired_summary(measure: Measure, example: dict, name: str, spec: dict, rows
     return lines
 
 
+def _add_paired_columns(measure: Measure, paired_columns: list[tuple[str, str]], columns: list[str],
+                        table: list[list[str]], rows: list) -> None:
+    columns += [title for _, title in paired_columns]
+    for cells, diff in zip(table, rows):
+        cells += ["reference" if diff is None else measure.paired_fmt(diff[key]) for key, _ in paired_columns]
+
+
 def write_spec_table(spec: dict, md_path: Path, csv_path: Path, html_path: Path | None = None) -> None:
     """A table from a spec (see the module docstring): one file per row gives the value,
     several give mean ± std (Local-only over clients). A spec with ``draws`` is written by
@@ -426,10 +439,8 @@ def write_spec_table(spec: dict, md_path: Path, csv_path: Path, html_path: Path 
     if spec.get("paired_reference"):
         name, rows, contrasts = _paired_parts(spec, measure, loaded, example)
         paired_columns = measure.paired_columns(example, name)
-        columns += [title for _, title in paired_columns]
         lines += measure.paired_lines(name) + _paired_summary(measure, example, name, spec, rows, contrasts)
-        for cells, diff in zip(table, rows):
-            cells += ["reference" if diff is None else measure.paired_fmt(diff[key]) for key, _ in paired_columns]
+        _add_paired_columns(measure, paired_columns, columns, table, rows)
     write_table(md_path, csv_path, spec["title"], lines, columns, table, html_path)
 
 
@@ -479,14 +490,12 @@ def write_draws_table(spec: dict, md_path: Path, csv_path: Path, html_path: Path
 
         rows = [None if parts[0][1][i] is None else combined([p[1][i] for p in parts]) for i in range(len(table))]
         contrasts = [(cname, combined([p[2][j][1] for p in parts])) for j, (cname, _) in enumerate(parts[0][2])]
-        columns += [title for _, title in paired_columns]
-        lines += [f"X vs {name}: in each draw the row's paired difference from that draw's {name} on the same "
+        lines += [f"Columns \"… vs {name}\": in each draw the row's paired difference from that draw's {name} on the same "
                   f"evaluation windows (as in Table 1); here its mean over the {n} draws with the 95 % t interval "
                   f"over the draws, so the interval is the spread between calibration draws, not between windows. "
                   f"An interval that excludes no change is a resolved difference; each holds on its own."]
         lines += _paired_summary(measure, example, name, draws[0], rows, contrasts)
-        for cells, diff in zip(table, rows):
-            cells += ["reference" if diff is None else measure.paired_fmt(diff[key]) for key, _ in paired_columns]
+        _add_paired_columns(measure, paired_columns, columns, table, rows)
     write_table(md_path, csv_path, spec["title"], lines, columns, table, html_path)
 
 
