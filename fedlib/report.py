@@ -253,8 +253,8 @@ def _window_nll(results: list[dict], dataset: str) -> list[float]:
         row = r["perplexity"][dataset]
         if "window_nll" not in row:
             raise ValueError(f"{r.get('label')}: no per-window losses for {dataset}; rerun the evaluation "
-                             "(its result file was written by an older fedlib: snakemake --forcerun evaluate_perplexity "
-                             "evaluate_dense)")
+                             "(its result file was written by an older fedlib: snakemake --forcerun "
+                             "evaluate_perplexity evaluate_dense)")
         per_result.append(row["window_nll"])
     if len({len(w) for w in per_result}) != 1:
         raise ValueError(f"{[r.get('label') for r in results]}: different numbers of {dataset} windows")
@@ -287,11 +287,11 @@ def _perplexity_paired_columns(example: dict, name: str) -> list[tuple[str, str]
 
 
 def _perplexity_paired_lines(name: str) -> list[str]:
-    return [f"Columns \"… vs {name}\": the row's perplexity over {name}'s on the same windows (percent change, or a factor), "
-            "with a 95 % paired t interval over the windows' differences of mean log-likelihood; rows of several "
-            "results (Local-only) pair the mean of their log-perplexities, so their interval is over windows for "
-            "these clients (the spread between clients is the row's ± std). An interval that excludes no change is "
-            "a resolved difference; each interval holds on its own, not jointly over the table."]
+    return [f"Columns \"… vs {name}\": the row's perplexity over {name}'s on the same windows (percent change, "
+            "or a factor), with a 95 % paired t interval over the windows' differences of mean log-likelihood; rows "
+            "of several results (Local-only) pair the mean of their log-perplexities, so their interval is over "
+            "windows for these clients (the spread between clients is the row's ± std). An interval that excludes "
+            "no change is a resolved difference; each interval holds on its own, not jointly over the table."]
 
 
 @dataclass(frozen=True)
@@ -490,8 +490,8 @@ def write_draws_table(spec: dict, md_path: Path, csv_path: Path, html_path: Path
 
         rows = [None if parts[0][1][i] is None else combined([p[1][i] for p in parts]) for i in range(len(table))]
         contrasts = [(cname, combined([p[2][j][1] for p in parts])) for j, (cname, _) in enumerate(parts[0][2])]
-        lines += [f"Columns \"… vs {name}\": in each draw the row's paired difference from that draw's {name} on the same "
-                  f"evaluation windows (as in Table 1); here its mean over the {n} draws with the 95 % t interval "
+        lines += [f"Columns \"… vs {name}\": in each draw the row's paired difference from that draw's {name} "
+                  f"on the same evaluation windows (as in Table 1); here its mean over the {n} draws with the 95 % t interval "
                   f"over the draws, so the interval is the spread between calibration draws, not between windows. "
                   f"An interval that excludes no change is a resolved difference; each holds on its own."]
         lines += _paired_summary(measure, example, name, draws[0], rows, contrasts)

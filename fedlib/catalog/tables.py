@@ -244,9 +244,10 @@ class Catalog:
         labels = self.fedprllm_labels(strategies)
         rows += [self.fedprllm_row(calib, split, prune, label) for label in labels]
         local = [self.eval_json(calib, split, prune, label) for label in self.local_only_labels(split)]
+        layer = [label for label in labels if Variant.from_label(label).group == "layer"
+                 and not Variant.from_label(label).scale]
         contrasts = [{"name": f"{Variant.from_label(label).name} vs Local-only",
-                      "results": [self.eval_json(calib, split, prune, label)], "reference": local}
-                     for label in labels if Variant.from_label(label).group == "layer" and not Variant.from_label(label).scale]
+                      "results": [self.eval_json(calib, split, prune, label)], "reference": local} for label in layer]
         return {
             "title": f"Table 1 analogue: perplexity of pruned {self.config['model']['name']} "
                      f"({p.method}, {p.sparsity:.0%} sparsity)",
