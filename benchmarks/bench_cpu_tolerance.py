@@ -101,6 +101,16 @@ def sha256(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def tokens_sha256(paths: list[str]) -> str:
+    """One digest of the token ids of these token files (their headers name their own paths)."""
+    from fedlib.data import load_tokens
+
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(load_tokens(Path(path))[0].numpy().tobytes())
+    return digest.hexdigest()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="benchmarks/.cpu_tolerance", help="results folders of the other kernels")
@@ -131,8 +141,10 @@ def main() -> None:
                                                              json.loads(Path(p).read_text())["perplexity"].items()}
                                                      for label, p in evals.items()},
                                       "mask_sha256": {label: sha256(p) for label, p in masks.items()}}
-        # the window and calibration token files come from the tokenizer alone: the same bits under any kernel
-        payload["kernels"][kernel]["shards_sha256"] = sha256(cat.client_shards(setting[0], setting[1])[0])
+        # the calibration and window token ids come from the tokenizer alone: the same under any kernel
+        tokens = cat.client_shards(setting[0], setting[1]) + [f"{results}/eval_windows/{d}.safetensors"
+                                                               for d in cat.config["evaluation"]["datasets"]]
+        payload["kernels"][kernel]["tokens_sha256"] = tokens_sha256(tokens)
         print(f"{kernel}: {seconds:.0f} s", flush=True)
     default = payload["kernels"]["default"]
     for kernel in args.kernels[1:]:
@@ -146,7 +158,7 @@ def main() -> None:
                   for c in cells.values()]
         record["summary"] = {"max_mask_fraction": max(masked), "max_abs_ppl_change": max(pruned),
                              "max_abs_dense_ppl_change": max(abs(c) for c in record["ppl_change_vs_default"]["dense"].values()),
-                             "shards_identical": record["shards_sha256"] == default["shards_sha256"]}
+                             "tokens_identical": record["tokens_sha256"] == default["tokens_sha256"]}
         print(f"{kernel}: mask bits that differ up to {max(masked):.3%}; pruned ppl moves up to {max(pruned):.2%}; "
               f"dense up to {record['summary']['max_abs_dense_ppl_change']:.2%}", flush=True)
     if args.reference_results:

@@ -50,7 +50,7 @@ def test_readme_block_states_the_largest_moves():
             "ppl_change_vs_default": {"dense": {"wikitext2": 0.0, "c4": 0.0001},
                                       "centralized": {"wikitext2": change, "c4": change / 2}},
             "summary": {"max_mask_fraction": abs(change) / 10, "max_abs_ppl_change": abs(change),
-                        "max_abs_dense_ppl_change": 0.0001, "shards_identical": True}}
+                        "max_abs_dense_ppl_change": 0.0001, "tokens_identical": True}}
     data = {"config": "config.yaml", "setting": "c4-32x512/iid-16/wanda-0.5-row", "threads": 1,
             "evaluation": {"windows": 16, "seqlen": 512}, "variants": ["dense", "centralized"], "kernels": kernels,
             "machine": {"cpus": 2, "machine": "x86_64", "torch": "2.13.0+cpu"}, "commit": "abc1234"}

@@ -349,8 +349,8 @@ def cpu_tolerance(data: dict) -> str:
         f"(PyTorch capability {default['capability']}): "
         + "; ".join(f"`{k}` = {' '.join(f'{n}={v}' for n, v in kernels[k]['env'].items())} "
                     f"(capability {kernels[k]['capability']})" for k in others)
-        + f". Calibration and window token files identical under every setting: "
-        f"{'yes' if all(kernels[k]['summary']['shards_identical'] for k in others) else 'NO'}"
+        + f". Calibration and window token ids identical under every setting: "
+        f"{'yes' if all(kernels[k]['summary']['tokens_identical'] for k in others) else 'NO'}"
         + (f"; the default masks equal those of `make run` in another checkout: "
            f"{'yes' if data['default_equals_reference'] else 'NO'}" if "default_equals_reference" in data else "")
         + f". {_provenance(data)}",
