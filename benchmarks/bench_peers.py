@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import tempfile
@@ -35,7 +34,7 @@ from safetensors.torch import load_file
 from common import DATA_DIR, load_bench_model, median, timed, write
 from fedlib.client import prune_locally
 from fedlib.data import calibration_windows, evaluation_windows, save_tokens
-from fedlib.evaluate.perplexity import perplexities
+from fedlib.evaluate.perplexity import paired_ppl_ratio, perplexities
 from fedlib.models import fingerprint, linear_by_name, open_model
 from fedlib.runner import BlockDecision
 
@@ -53,18 +52,6 @@ TIME_GOAL = 0.85
 PPL_MARGIN = 0.01
 GOAL = (f"ratio <= {TIME_GOAL} at equal or better ppl: the 95 % paired interval of the ppl ratio fedlib / peer "
         f"ends at most {1 + PPL_MARGIN:g} (non-inferiority, {PPL_MARGIN:.0%} margin)")
-
-
-def paired_ppl_ratio(ours_nll, theirs_nll, confidence: float = 0.95) -> tuple[float, list[float]]:
-    """Perplexity ratio exp(mean(ours) - mean(theirs)) of per-window mean log-likelihoods of the
-    same windows (equally long, so the mean over windows is the mean over tokens), and its
-    t-interval over the windows' paired differences."""
-    from fedlib.privacy.membership import t_interval
-
-    d = torch.tensor(ours_nll, dtype=torch.float64) - torch.tensor(theirs_nll, dtype=torch.float64)
-    mean, lo, hi = t_interval(d.numpy(), confidence)
-    return math.exp(mean), [math.exp(lo), math.exp(hi)]
-
 
 
 def pruned_weights(model: torch.nn.Module, decision: BlockDecision) -> dict[str, torch.Tensor]:
@@ -195,13 +182,10 @@ def pruned_quality(model, windows: torch.Tensor, batch_size: int, decisions: Map
     """Per method: mask agreement, measured sparsity and perplexity of both pruned weight sets
     (fedlib's perplexity code for both, every window scored on its own) and their paired ratio;
     and ``dense``, the dense model's perplexity."""
-    per_window = [windows[i : i + 1] for i in range(windows.shape[0])]  # one set per window: its own NLL
-
     def evaluate(weights=None):
         variant = None if weights is None else (lambda _block: BlockDecision(masks={}, weights=weights))
-        scores, sparsity = perplexities(model, per_window, batch_size, variant=variant)
-        nll = [score["nll"] for score in scores]
-        return nll, math.exp(sum(nll) / len(nll)), sparsity
+        (score,), sparsity = perplexities(model, [windows], batch_size, variant=variant)
+        return score["window_nll"], score["ppl"], sparsity
 
     quality = {"dense": evaluate()[1]}
     for method, decision in decisions.items():

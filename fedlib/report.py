@@ -8,6 +8,12 @@ columns: ``perplexity`` (``fedlib evaluate``; one column per dataset) or ``zeros
 (``fedlib zeroshot``; one column per task plus the mean accuracy). One writer,
 :func:`write_spec_table`, serves every measure; a :class:`Measure` says how a result file
 becomes cells and which evaluation lines the header carries.
+
+A spec with ``paired_reference`` (a result file; Table 1: Centralized, Table 12: Dense) adds
+each row's paired difference from it on the same windows or documents, with its interval, and
+its header names every difference whose interval includes none; ``contrasts`` compare two
+other sets of results the same way (Table 1: FedPrLLM layer vs Local-only). A spec with
+``draws`` (:func:`write_draws_table`) is one table over several calibration draws.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import csv
 import html
 import io
 import json
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -191,7 +198,7 @@ def _zeroshot_setup(result: dict) -> dict:
             "metrics": {t: _metric(result, t) for t in result["tasks"]}}
 
 
-def _zeroshot_paired(result: dict, reference: dict) -> dict[str, float]:
+def _zeroshot_difference(result: dict, reference: dict) -> dict[str, float]:
     """The Mean's paired difference from ``reference`` on the same documents (points, 95 % interval)."""
     from fedlib.evaluate.zeroshot import paired_difference
 
@@ -206,8 +213,85 @@ def _zeroshot_paired(result: dict, reference: dict) -> dict[str, float]:
     return {k: 100 * v for k, v in diff.items()}
 
 
+def _zeroshot_paired(results: list[dict], reference: list[dict]) -> dict[str, dict[str, float]]:
+    """{Mean: difference}: one result's paired difference with its interval; several results
+    (Local-only): the mean and std of their differences (no interval)."""
+    (base,) = reference
+    diffs = [_zeroshot_difference(r, base) for r in results]
+    if len(diffs) == 1:
+        return {MEAN_KEY: diffs[0]}
+    deltas = [d["delta"] for d in diffs]
+    return {MEAN_KEY: {"delta": statistics.mean(deltas), "std": statistics.stdev(deltas)}}
+
+
+def _zeroshot_paired_fmt(d: dict[str, float]) -> str:
+    if "std" in d:
+        return f"{d['delta']:+.2f} ± {d['std']:.2f}"
+    return f"{d['delta']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
+
+
+def _zeroshot_paired_columns(example: dict, name: str) -> list[tuple[str, str]]:
+    return [(MEAN_KEY, f"Δ Mean vs {name} [95 % CI]")]
+
+
+def _zeroshot_paired_lines(name: str) -> list[str]:
+    return [f"Δ Mean vs {name}: the row's Mean minus {name}'s on the same documents (points), with a 95 % "
+            "paired normal interval from the per-document differences (standard error "
+            "sqrt(Σ_t s_t²/n_t)/T over the T tasks); an interval that excludes 0 is a resolved difference. "
+            "Rows of several results: mean ± std of their differences."]
+
+
 def _fmt_acc(value: float) -> str:
     return f"{value:.2f}"
+
+
+def _window_nll(results: list[dict], dataset: str) -> list[float]:
+    """Per window, the mean NLL over ``results`` (one result: its own; Local-only: the mean of
+    its clients' log-perplexities), from the per-window losses of `fedlib evaluate`."""
+    per_result = []
+    for r in results:
+        row = r["perplexity"][dataset]
+        if "window_nll" not in row:
+            raise ValueError(f"{r.get('label')}: no per-window losses for {dataset}; rerun the evaluation "
+                             "(its result file was written by an older fedlib: snakemake --forcerun "
+                             "evaluate_perplexity evaluate_dense)")
+        per_result.append(row["window_nll"])
+    if len({len(w) for w in per_result}) != 1:
+        raise ValueError(f"{[r.get('label') for r in results]}: different numbers of {dataset} windows")
+    return [statistics.fmean(values) for values in zip(*per_result)]
+
+
+def _perplexity_paired(results: list[dict], reference: list[dict]) -> dict[str, dict[str, float]]:
+    """Per dataset, the log perplexity ratio results / reference on the same windows with its
+    95 % paired t interval over the windows (several results on a side: their mean log-perplexity)."""
+    from fedlib.evaluate.perplexity import paired_ppl_ratio
+
+    out = {}
+    for dataset in sorted(reference[0]["perplexity"], key=_paper_order):
+        ratio, ends = paired_ppl_ratio(_window_nll(results, dataset), _window_nll(reference, dataset))
+        out[dataset] = {"delta": math.log(ratio), "low": math.log(ends[0]), "high": math.log(ends[1])}
+    return out
+
+
+def _perplexity_paired_fmt(d: dict[str, float]) -> str:
+    """A log perplexity ratio and its interval: percent change, or a factor once the upper end reaches 10x."""
+    ratio, low, high = (math.exp(d[k]) for k in ("delta", "low", "high"))
+    if high < 10:
+        return f"{ratio - 1:+.2%} [{low - 1:+.2%}, {high - 1:+.2%}]"
+    factor = [f"×{x:.3g}" if x < 1000 else f"×{x:,.0f}" for x in (ratio, low, high)]
+    return f"{factor[0]} [{factor[1]}, {factor[2]}]"
+
+
+def _perplexity_paired_columns(example: dict, name: str) -> list[tuple[str, str]]:
+    return [(d, f"{title} vs {name} [95 % CI]") for d, title in _perplexity_columns(example)]
+
+
+def _perplexity_paired_lines(name: str) -> list[str]:
+    return [f"Columns \"… vs {name}\": the row's perplexity over {name}'s on the same windows (percent change, "
+            "or a factor), with a 95 % paired t interval over the windows' differences of mean log-likelihood; rows "
+            "of several results (Local-only) pair the mean of their log-perplexities, so their interval is over "
+            "windows for these clients (the spread between clients is the row's ± std). An interval that excludes "
+            "no change is a resolved difference; each interval holds on its own, not jointly over the table."]
 
 
 @dataclass(frozen=True)
@@ -217,8 +301,10 @@ class Measure:
     ``columns(example)`` -> [(key, column title)]; ``value(result, key)`` -> a number;
     ``fmt`` formats it; ``lines(example)`` are the header lines saying what was evaluated;
     ``setup(result)`` must agree over every result of a table (same windows / tasks / limit);
-    ``paired(result, reference)`` -> {delta, se, low, high}: the difference from the spec's
-    ``paired_reference`` result on the same documents (a column when the spec names one)."""
+    ``paired(results, reference)`` -> {key: {delta, low, high}} (or {delta, std}): a row's
+    difference from the spec's ``paired_reference`` on the same documents or windows, 0 = none,
+    one column per key of ``paired_columns(example, reference name)``, formatted by
+    ``paired_fmt`` and explained by ``paired_lines(reference name)``."""
 
     name: str
     columns: Callable[[dict], list[tuple[str, str]]]
@@ -226,14 +312,19 @@ class Measure:
     fmt: Callable[[float], str]
     lines: Callable[[dict], list[str]]
     setup: Callable[[dict], dict]
-    paired: Callable[[dict, dict], dict[str, float]] | None = None
+    paired: Callable[[list[dict], list[dict]], dict[str, dict[str, float]]]
+    paired_fmt: Callable[[dict[str, float]], str]
+    paired_columns: Callable[[dict, str], list[tuple[str, str]]]
+    paired_lines: Callable[[str], list[str]]
 
 
 MEASURES: dict[str, Measure] = {
     "perplexity": Measure("perplexity", _perplexity_columns, _perplexity_value, fmt_ppl,
-                          _perplexity_lines, _perplexity_setup),
+                          _perplexity_lines, _perplexity_setup, _perplexity_paired, _perplexity_paired_fmt,
+                          _perplexity_paired_columns, _perplexity_paired_lines),
     "zeroshot": Measure("zeroshot", _zeroshot_columns, _zeroshot_value, _fmt_acc,
-                        _zeroshot_lines, _zeroshot_setup, _zeroshot_paired),
+                        _zeroshot_lines, _zeroshot_setup, _zeroshot_paired, _zeroshot_paired_fmt,
+                        _zeroshot_paired_columns, _zeroshot_paired_lines),
 }
 
 
@@ -276,45 +367,136 @@ def load_rows(spec: dict) -> tuple[Measure, list[list[dict]]]:
     return measure, loaded
 
 
+def _load_like(paths: Sequence[str], measure: Measure, example: dict) -> list[dict]:
+    """Result files outside a spec's rows (a reference, a contrast), checked to be evaluated like its rows."""
+    loaded = [_load(p) for p in paths]
+    for path, result in zip(paths, loaded):
+        if measure.setup(result) != measure.setup(example):
+            raise ValueError(f"{path}: evaluated with {measure.setup(result)}, but the table's first result "
+                             f"with {measure.setup(example)}; rerun the evaluation")
+    return loaded
+
+
+def _row_name(cells: Sequence[str]) -> str:
+    return " ".join(c for c in cells if c not in ("", "-"))
+
+
+def _paired_parts(spec: dict, measure: Measure, loaded: list[list[dict]], example: dict):
+    """(reference name, each row's differences from the spec's ``paired_reference`` (None for the
+    reference row itself), [(name, differences)] of the spec's ``contrasts``: pairs of result
+    sets {name, results, reference} compared the same way)."""
+    path = spec["paired_reference"]
+    reference = _load_like([path], measure, example)
+    same = [str(Path(path).resolve())]
+    rows = [None if [str(Path(p).resolve()) for p in row["results"]] == same else measure.paired(results, reference)
+            for row, results in zip(spec["rows"], loaded)]
+    contrasts = [(c["name"], measure.paired(_load_like(c["results"], measure, example),
+                                            _load_like(c["reference"], measure, example)))
+                 for c in spec.get("contrasts", [])]
+    return reference[0].get("label", "the reference"), rows, contrasts
+
+
+def _paired_summary(measure: Measure, example: dict, name: str, spec: dict, rows: list, contrasts: list) -> list[str]:
+    """The contrasts' lines and the line naming every difference the table does not resolve."""
+    titles = dict(measure.columns(example))
+    keys = [key for key, _ in measure.paired_columns(example, name)]
+    lines = [f"{cname}: " + "; ".join(f"{titles[k]} {measure.paired_fmt(diff[k])}" for k in keys) + "."
+             for cname, diff in contrasts]
+    unresolved = []
+    named = [(f"{_row_name(row['cells'])} vs {name}", diff) for row, diff in zip(spec["rows"], rows) if diff]
+    for what, diff in named + contrasts:
+        # a difference without an interval (several results' mean ± std) resolves nothing either way
+        missed = [titles[k] for k in keys if "low" in diff[k] and diff[k]["low"] <= 0 <= diff[k]["high"]]
+        if missed:
+            unresolved.append(f"{what} on {', '.join(missed)}")
+    lines.append("Not resolved at 95 % (the interval includes no difference): " + "; ".join(unresolved) + "."
+                 if unresolved else "Every difference with an interval in this table is resolved at 95 %.")
+    return lines
+
+
+def _add_paired_columns(measure: Measure, paired_columns: list[tuple[str, str]], columns: list[str],
+                        table: list[list[str]], rows: list) -> None:
+    columns += [title for _, title in paired_columns]
+    for cells, diff in zip(table, rows):
+        cells += ["reference" if diff is None else measure.paired_fmt(diff[key]) for key, _ in paired_columns]
+
+
 def write_spec_table(spec: dict, md_path: Path, csv_path: Path, html_path: Path | None = None) -> None:
     """A table from a spec (see the module docstring): one file per row gives the value,
-    several give mean ± std (Local-only over clients)."""
+    several give mean ± std (Local-only over clients). A spec with ``draws`` is written by
+    :func:`write_draws_table`."""
+    if "draws" in spec:
+        write_draws_table(spec, md_path, csv_path, html_path)
+        return
     measure, loaded = load_rows(spec)
     example = loaded[0][0]
     value_columns = measure.columns(example)
     columns = list(spec["columns"]) + [title for _, title in value_columns]
     lines = provenance_lines(spec["context"], example, measure)
-    reference_path = spec.get("paired_reference") if measure.paired else None
-    if reference_path:
-        reference = _load(reference_path)
-        if measure.setup(reference) != measure.setup(example):
-            raise ValueError(f"{reference_path}: evaluated with {measure.setup(reference)}, but the table's first "
-                             f"result with {measure.setup(example)}; rerun the evaluation")
-        name = reference.get("label", "the reference")
-        columns.append(f"Δ Mean vs {name} [95 % CI]")
-        lines.append(f"Δ Mean vs {name}: the row's Mean minus {name}'s on the same documents (points), with a 95 % "
-                     "paired normal interval from the per-document differences (standard error "
-                     "sqrt(Σ_t s_t²/n_t)/T over the T tasks); an interval that excludes 0 is a resolved difference. "
-                     "Rows of several results: mean ± std of their differences.")
-    table = []
-    for row, results in zip(spec["rows"], loaded):
-        values = [_mean_std([measure.value(r, key) for r in results], measure.fmt) for key, _ in value_columns]
-        if reference_path:
-            values.append(_paired_cell(row["results"], results, reference_path, reference, measure))
-        table.append(list(row["cells"]) + values)
+    table = [list(row["cells"]) + [_mean_std([measure.value(r, key) for r in results], measure.fmt)
+                                   for key, _ in value_columns]
+             for row, results in zip(spec["rows"], loaded)]
+    if spec.get("paired_reference"):
+        name, rows, contrasts = _paired_parts(spec, measure, loaded, example)
+        paired_columns = measure.paired_columns(example, name)
+        lines += measure.paired_lines(name) + _paired_summary(measure, example, name, spec, rows, contrasts)
+        _add_paired_columns(measure, paired_columns, columns, table, rows)
     write_table(md_path, csv_path, spec["title"], lines, columns, table, html_path)
 
 
-def _paired_cell(paths: Sequence[str], results: list[dict], reference_path: str, reference: dict,
-                 measure: Measure) -> str:
-    if [str(Path(p).resolve()) for p in paths] == [str(Path(reference_path).resolve())]:
-        return "reference"
-    diffs = [measure.paired(r, reference) for r in results]
-    if len(diffs) == 1:
-        d = diffs[0]
-        return f"{d['delta']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
-    deltas = [d["delta"] for d in diffs]
-    return f"{statistics.mean(deltas):+.2f} ± {statistics.stdev(deltas):.2f}"
+def write_draws_table(spec: dict, md_path: Path, csv_path: Path, html_path: Path | None = None) -> None:
+    """One table over several calibration draws: ``draws`` is a list of specs with the same rows
+    (cells) and a ``name``, e.g. Table 1 of each seed. Each cell is the mean over the draws of the
+    row's value in each draw (several results in a draw: their mean) ± the half-width of its 95 %
+    t interval over the draws; with a ``paired_reference`` in each draw, the row's paired
+    difference from it in each draw, averaged over the draws with its t interval over the draws."""
+    from fedlib.privacy.membership import t_interval
+
+    draws = spec["draws"]
+    if len(draws) < 2:
+        raise ValueError(f"{spec['title']}: {len(draws)} draw(s); an interval over draws needs at least 2")
+    measure = measure_of(spec)
+    loaded = [load_rows({**draw, "measure": measure.name})[1] for draw in draws]
+    example = loaded[0][0][0]
+    for draw, rows in zip(draws, loaded):
+        if [row["cells"] for row in draw["rows"]] != [row["cells"] for row in draws[0]["rows"]]:
+            raise ValueError(f"draw {draw['name']}: rows {[row['cells'] for row in draw['rows']]} differ from "
+                             f"draw {draws[0]['name']}'s")
+        if measure.setup(rows[0][0]) != measure.setup(example):
+            raise ValueError(f"draw {draw['name']}: evaluated with {measure.setup(rows[0][0])}, draw "
+                             f"{draws[0]['name']} with {measure.setup(example)}; rerun the evaluation")
+    value_columns = measure.columns(example)
+    columns = list(spec["columns"]) + [title for _, title in value_columns]
+    n = len(draws)
+    lines = provenance_lines(spec["context"], example, measure) + [
+        f"{n} calibration draws ({', '.join(d['name'] for d in draws)}). Each value: the mean over the draws "
+        f"(a row of several results: their mean in each draw) ± the half-width of its 95 % t interval over the "
+        f"{n} draws ({n - 1} degrees of freedom), the evaluation windows the same in every draw."]
+    table = []
+    for i, cells in enumerate(row["cells"] for row in draws[0]["rows"]):
+        values = []
+        for key, _ in value_columns:
+            mean, low, high = t_interval([statistics.fmean(measure.value(r, key) for r in rows[i]) for rows in loaded])
+            values.append(f"{measure.fmt(mean)} ± {measure.fmt(high - mean)}")
+        table.append(list(cells) + values)
+    if all(draw.get("paired_reference") for draw in draws):
+        parts = [_paired_parts(draw, measure, rows, example) for draw, rows in zip(draws, loaded)]
+        name = parts[0][0]
+        paired_columns = measure.paired_columns(example, name)
+
+        def combined(diffs: list[dict]) -> dict:
+            return {key: dict(zip(("delta", "low", "high"), t_interval([d[key]["delta"] for d in diffs])))
+                    for key, _ in paired_columns}
+
+        rows = [None if parts[0][1][i] is None else combined([p[1][i] for p in parts]) for i in range(len(table))]
+        contrasts = [(cname, combined([p[2][j][1] for p in parts])) for j, (cname, _) in enumerate(parts[0][2])]
+        lines += [f"Columns \"… vs {name}\": in each draw the row's paired difference from that draw's {name} "
+                  f"on the same evaluation windows (as in Table 1); here its mean over the {n} draws with the 95 % t interval "
+                  f"over the draws, so the interval is the spread between calibration draws, not between windows. "
+                  f"An interval that excludes no change is a resolved difference; each holds on its own."]
+        lines += _paired_summary(measure, example, name, draws[0], rows, contrasts)
+        _add_paired_columns(measure, paired_columns, columns, table, rows)
+    write_table(md_path, csv_path, spec["title"], lines, columns, table, html_path)
 
 
 #: The perplexity tables' historical name; every measure goes through the same writer.

@@ -149,6 +149,39 @@ def test_table1_rows():
     assert spec["title"] == "Table 1 analogue: perplexity of pruned tiny (wanda, 50% sparsity)"
 
 
+def test_table1_pairs_rows_with_centralized_and_fedprllm_layer_with_local_only():
+    e = f"{R}/eval/c4-4x32/iid-2/wanda-0.5-row"
+    spec = Catalog(tiny_config()).table1()
+    assert spec["paired_reference"] == f"{e}/centralized.json"
+    # only the layer group without scaling is contrasted (the 2:4 and scaled rows are not)
+    assert spec["contrasts"] == [{"name": "FedPrLLM (layer, one-shot) vs Local-only",
+                                  "results": [f"{e}/fedprllm_oneshot_layer_noscale.json"],
+                                  "reference": [f"{e}/local_0.json"]}]
+    assert f"{e}/centralized.json" in table_inputs(spec)
+    # the zero-shot twins pair with Dense (or nothing), never with the perplexity files
+    assert "contrasts" not in Catalog(tiny_config()).table12()
+    assert "paired_reference" not in Catalog(tiny_config(zeroshot={"limit": 2, "run_rows": ["centralized"]})).table12_run()
+
+
+def test_table1_seeds_is_table1_of_each_calibration_draw():
+    """The config's seed is make run's draw (the same files); another seed is a calib component of its own."""
+    config = tiny_config(studies={"table1_seeds": [0, 3]})
+    catalog = Catalog(config)
+    spec = catalog.table1_seeds()
+    assert [d["name"] for d in spec["draws"]] == ["seed 0", "seed 3"]
+    assert spec["draws"][0]["rows"] == catalog.table1()["rows"]
+    e3 = f"{R}/eval/c4-4x32-seed3/iid-2/wanda-0.5-row"
+    assert spec["draws"][1]["paired_reference"] == f"{e3}/centralized.json"
+    assert spec["draws"][1]["rows"][0]["results"] == [f"{R}/eval/dense.json"]  # Dense needs no calibration
+    assert spec["draws"][1]["rows"][3]["results"] == [f"{e3}/fedprllm_oneshot_layer_noscale.json"]
+    assert table_inputs(spec) == sorted(set(table_inputs(catalog.table1())) | set(table_inputs(spec["draws"][1])))
+    assert "calibration draws with seeds 0, 3" in spec["context"]["lines"][0]
+    assert Calib.parse("c4-4x32-seed3") == Calib("c4", 4, 32, 3) and str(Calib("c4", 4, 32, 3)) == "c4-4x32-seed3"
+    assert Calib.parse("c4-4x32-seed3").draw_seed(0) == 3 and Calib.parse("c4-4x32").draw_seed(7) == 7
+    with pytest.raises(ValueError, match="expected .*-seed"):
+        Calib.parse("c4-4x32-3")
+
+
 def test_table12_run_keeps_the_run_rows_with_zeroshot_files():
     spec = Catalog(tiny_config()).table12_run()
     z = f"{R}/zeroshot/c4-4x32/iid-2/wanda-0.5-row"

@@ -2,6 +2,8 @@
 
 import csv
 import json
+import math
+import statistics
 import struct
 import subprocess
 from pathlib import Path
@@ -195,3 +197,93 @@ def test_tables_name_the_commit_of_the_code_that_wrote_them():
                               "fedlib", "workflow", "Snakefile"], capture_output=True, text=True).stdout.strip()
     assert source_commit() == head + ("+changes" if changed else "")
     assert written_by().endswith(f"commit {source_commit()}")
+
+
+def _windowed_result(path, window_nll: dict, label=None):
+    """A perplexity result with per-window losses (ppl = exp of their mean, as for equal windows)."""
+    path.write_text(json.dumps({
+        "label": label or path.stem, "model_fingerprint": "e" * 64,
+        "perplexity": {d: {"ppl": math.exp(statistics.fmean(v)), "nll": statistics.fmean(v), "windows": len(v),
+                           "total_windows": 40, "seqlen": 32, "note": "", "window_nll": v}
+                       for d, v in window_nll.items()},
+    }))
+    return str(path)
+
+
+def _shifted(base: dict, shift: dict) -> dict:
+    return {d: [b + s for b, s in zip(base[d], shift[d])] for d in base}
+
+
+BASE = {"wikitext2": [3.0, 3.2, 2.9, 3.1], "c4": [3.5, 3.6, 3.4, 3.7]}
+
+
+def test_table1_pairs_every_row_with_centralized_on_the_same_windows(tmp_path):
+    """Cells against t intervals of the per-window log-ratio differences worked out by hand
+    (scipy: mean ± t(0.975, 3) · s / 2, then exp); Local-only pairs its clients' mean log-perplexity."""
+    central = _windowed_result(tmp_path / "central.json", BASE, label="centralized")
+    fed = _windowed_result(tmp_path / "fed.json", _shifted(BASE, {"wikitext2": [0.02, 0.03, 0.01, 0.02],
+                                                                 "c4": [0.05, -0.04, 0.03, -0.02]}))
+    local = [_windowed_result(tmp_path / f"local_{i}.json", _shifted(BASE, shift)) for i, shift in enumerate((
+        {"wikitext2": [0.06, 0.07, 0.05, 0.06], "c4": [0.01, 0.02, 0.00, 0.01]},
+        {"wikitext2": [0.02, 0.03, 0.03, 0.04], "c4": [0.03, 0.02, 0.05, 0.03]}))]
+    column = _windowed_result(tmp_path / "column.json", _shifted(BASE, {"wikitext2": [9.0, 9.5, 10.0, 9.2],
+                                                                       "c4": [1.0, 1.2, 0.9, 1.1]}))
+    spec = {"title": "Table 1 analogue", "context": CONTEXT, "columns": ["Method", "Group"],
+            "rows": [{"cells": ["Centralized", "-"], "results": [central]},
+                     {"cells": ["Local-only", "-"], "results": local},
+                     {"cells": ["FedPrLLM", "Layer"], "results": [fed]},
+                     {"cells": ["FedPrLLM", "Column"], "results": [column]}],
+            "paired_reference": central,
+            "contrasts": [{"name": "FedPrLLM (layer) vs Local-only", "results": [fed], "reference": local}]}
+    md, table = tmp_path / "t.md", tmp_path / "t.csv"
+    write_spec_table(spec, md, table)
+    rows = list(csv.reader(table.open()))
+    assert rows[0][-2:] == ["WikiText-2 vs centralized [95 % CI]", "C4 vs centralized [95 % CI]"]
+    assert rows[1][-2:] == ["reference", "reference"]
+    assert rows[2][-2:] == ["+4.60% [+3.65%, +5.57%]", "+2.15% [+1.74%, +2.55%]"]
+    assert rows[3][-2:] == ["+2.02% [+0.70%, +3.35%]", "+0.50% [-6.00%, +7.45%]"]
+    assert rows[4][-2:] == ["×12,394 [×6,204, ×24,762]", "+185.77% [+132.70%, +250.93%]"]
+    header = md.read_text()
+    assert ("- FedPrLLM (layer) vs Local-only: WikiText-2 -2.47% [-3.36%, -1.57%]; C4 -1.61% [-7.84%, +5.04%]."
+            in header)
+    # exactly the intervals that include no change are named
+    assert ("- Not resolved at 95 % (the interval includes no difference): FedPrLLM Layer vs centralized on C4; "
+            "FedPrLLM (layer) vs Local-only on C4.\n") in header
+    # results without per-window losses cannot be paired: the error names the file's label and the dataset
+    stale = json.loads(Path(fed).read_text())
+    del stale["perplexity"]["c4"]["window_nll"]
+    Path(fed).write_text(json.dumps(stale))
+    with pytest.raises(ValueError, match="fed: no per-window losses for c4; rerun the evaluation"):
+        write_spec_table(spec, md, table)
+
+
+def test_table_over_draws_gives_means_with_t_intervals_over_the_draws(tmp_path):
+    """Three draws: cells are mean ± t(0.975, 2)·s/√3 over the draws (by hand with scipy); the
+    difference from each draw's Centralized is averaged over the draws with its t interval."""
+    dense = _windowed_result(tmp_path / "dense.json", {"wikitext2": [2.5] * 4})
+    draws = []
+    for i, (shift, fdiff) in enumerate(((0.0, [0.02, 0.03, 0.01, 0.02]), (0.1, [0.01, 0.02, 0.02, 0.03]),
+                                        (-0.05, [0.03, 0.03, 0.02, 0.04]))):
+        central = [b + shift for b in BASE["wikitext2"]]
+        c = _windowed_result(tmp_path / f"central_{i}.json", {"wikitext2": central}, label="centralized")
+        f = _windowed_result(tmp_path / f"fed_{i}.json", {"wikitext2": [x + d for x, d in zip(central, fdiff)]})
+        draws.append({"name": f"seed {i}", "paired_reference": c,
+                      "rows": [{"cells": ["Dense"], "results": [dense]}, {"cells": ["Centralized"], "results": [c]},
+                               {"cells": ["FedPrLLM"], "results": [f]}]})
+    spec = {"title": "Table 1 over draws", "context": CONTEXT, "columns": ["Method"], "draws": draws}
+    md, table = tmp_path / "t.md", tmp_path / "t.csv"
+    write_spec_table(spec, md, table)
+    assert list(csv.reader(table.open())) == [
+        ["Method", "WikiText-2", "WikiText-2 vs centralized [95 % CI]"],
+        ["Dense", "12.18 ± 0.00", "-43.26% [-53.06%, -31.40%]"],
+        ["Centralized", "21.51 ± 4.13", "reference"],
+        ["FedPrLLM", "22.02 ± 4.00", "+2.36% [+0.90%, +3.84%]"],
+    ]
+    header = md.read_text()
+    assert "3 calibration draws (seed 0, seed 1, seed 2)" in header and "2 degrees of freedom" in header
+    assert "Every difference with an interval in this table is resolved at 95 %." in header
+    with pytest.raises(ValueError, match="an interval over draws needs at least 2"):
+        write_spec_table({**spec, "draws": draws[:1]}, md, table)
+    draws[2]["rows"][2]["cells"] = ["Other"]
+    with pytest.raises(ValueError, match="draw seed 2: rows .* differ from draw seed 0's"):
+        write_spec_table(spec, md, table)

@@ -93,10 +93,22 @@ def test_real_run_then_reruns_only_what_changed(workdir):
     methods = [r[0] for r in rows[1:]]
     assert methods[:2] == ["Dense", "Centralized"] and methods[2].startswith("Local-only")
     assert methods.count("FedPrLLM") == 4
+    assert rows[0][7:] == [f"{d} vs centralized [95 % CI]" for d in ("WikiText-2", "C4", "PTB")]
     for row in rows[1:]:
-        for value in row[4:]:
+        for value in row[4:7]:
             assert float(value.split(" ")[0]) > 1.0
+    assert rows[2][7:] == ["reference"] * 3
+    for row in rows[1:2] + rows[4:]:  # the row's perplexity over Centralized's, inside its paired interval
+        for value, ppl, central in zip(row[7:], row[4:7], rows[2][4:7]):
+            factor = value.startswith("×")
+            ratio, low, high = (float(x.strip("×%").replace(",", "")) for x in
+                                re.fullmatch(r"(\S+) \[(\S+), (\S+)\]", value).groups())
+            assert low <= ratio <= high
+            shown = ratio if factor else 1 + ratio / 100
+            assert shown == pytest.approx(float(ppl) / float(central), rel=0.01)
     markdown = (workdir / "reports" / "table1.md").read_text()
+    assert "FedPrLLM (layer, one-shot) vs Local-only: WikiText-2 " in markdown
+    assert "- Not resolved at 95 %" in markdown or "- Every difference with an interval" in markdown
     assert "./model (fingerprint" in markdown and "held-out documents" in markdown
     for name in ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence"):
         assert "./model" in (workdir / "reports" / f"privacy_{name}.md").read_text(), name
@@ -182,11 +194,17 @@ def test_named_study_targets_plan(tmp_path):
     config["studies"] = {"local_groups": ["layer"], "sparsities": [0.6], "methods": ["sparsegpt", "owl"],
                          "clients_sweep": [1, 3], "samples_sweep": [2, 4],
                          "noniid": {"per_dataset": 2, "clients": 3, "alpha": 5},
-                         "fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 1}}
+                         "fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 1},
+                         "table1_seeds": [0, 5]}
     write_config(tmp_path, config)
-    targets = ["table1_full", "table2", "table4", "table5", "table6", "table10", "table11", "table14",
+    targets = ["table1_full", "table1_seeds", "table2", "table4", "table5", "table6", "table10", "table11", "table14",
                "figure2", "figure3", "fedspallm2", "table12", "table13"]
-    jobs = planned_jobs(snakemake(tmp_path, *targets, "--configfile", str(tmp_path / "config.yaml"), "-n"))
+    out = snakemake(tmp_path, *targets, "--configfile", str(tmp_path / "config.yaml"), "-n", "-p")
+    jobs = planned_jobs(out)
+    # table1_seeds' second draw: its own pool, sampled and split with seed 5 (tie-breaks keep the config's seed 0)
+    assert re.search(r"--seed 5 --docs 0 50 --out results/pools/c4-3x32-seed5\.safetensors", out)
+    assert re.search(r"--pool results/pools/c4-3x32-seed5\.safetensors .*--seed 5 ", out)
+    assert re.search(r"--calib results/shards/c4-3x32-seed5/iid-3/client_0\.safetensors .*--seed 0 ", out)
     assert jobs["iterative"] == 4 and jobs["fedspallm"] == 1 and jobs["random_mask"] == 1
     assert all(jobs[f"study_{t}"] == 1 for t in targets)
     assert jobs["plot_figure2"] == jobs["plot_figure3"] == jobs["plot_table6"] == 1

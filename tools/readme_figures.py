@@ -197,8 +197,9 @@ def workflow(data: dict) -> str:
     return "\n".join(lines)
 
 
-def table_csv(path: Path) -> Callable[[dict], str]:
-    """A report table (its CSV) with the provenance lines of its Markdown header."""
+def table_csv(path: Path, after: tuple[str, ...] = ()) -> Callable[[dict], str]:
+    """A report table (its CSV) with the provenance lines of its Markdown header, and below it
+    the header lines that start with one of ``after`` (e.g. what Table 1 does not resolve)."""
 
     def render(rows: list[list[str]]) -> str:
         md = path.with_suffix(".md").read_text().splitlines()
@@ -207,7 +208,8 @@ def table_csv(path: Path) -> Callable[[dict], str]:
         out.append("| " + " | ".join(rows[0]) + " |")
         out.append("|" + "---|" * len(rows[0]))
         out += ["| " + " | ".join(row) + " |" for row in rows[1:]]
-        return "\n".join(out)
+        below = [line for line in md if after and line.startswith(after)]
+        return "\n".join(out + ([""] + below if below else []))
 
     return render
 
@@ -338,6 +340,81 @@ def peers(data: dict) -> str:
     return "\n".join(lines)
 
 
+def eval_windows(data: dict) -> str:
+    """Window noise of Table 1's comparisons and the cost of a window (benchmarks/bench_eval_windows.py)."""
+    from fedlib.report import DATASET_TITLES
+
+    shown = list(next(iter(data["comparisons"].values()))["FedPrLLM (layer) vs Local-only"]["half_width"])
+    lines = [
+        f"On `make run`'s masks ({data['setting']}), {data['windows_per_dataset']} windows × {data['seqlen']} tokens "
+        f"per dataset, {data['threads']} thread: a window costs **{data['cpu_seconds_per_window']:.2f} CPU-seconds** "
+        f"per variant (median over {len(data['cpu_seconds'])} variants); `make run` evaluates "
+        f"{data['make_run_windows']} windows per dataset. {_provenance(data)}",
+        "",
+        "| dataset | comparison | mean log-ppl difference | sd per window | 95 % half-width at "
+        + " / ".join(shown) + " windows (* resolved) |",
+        "|---|---|---|---|---|",
+    ]
+    for dataset, comparisons in data["comparisons"].items():
+        for name, c in comparisons.items():
+            widths = " / ".join(f"±{c['half_width'][n]:.2%}" + ("*" if c["resolved_at"][n] else "") for n in shown)
+            lines.append(f"| {DATASET_TITLES.get(dataset, dataset)} | {name} | {c['mean']:+.2%} | {c['sd']:.4f} "
+                         f"| {widths} |")
+    return "\n".join(lines)
+
+
+def _variant_title(label: str) -> str:
+    from fedlib.catalog import Variant
+
+    variant = Variant.from_label(label)
+    if variant.kind == "fedprllm":
+        return variant.name
+    return f"Local-only client {variant.client}" if variant.kind == "local" else variant.kind.capitalize()
+
+
+def cpu_tolerance(data: dict) -> str:
+    """Table 1's masks and perplexities under other CPU kernels (benchmarks/bench_cpu_tolerance.py)."""
+    from fedlib.report import DATASET_TITLES
+
+    kernels = data["kernels"]
+    default = kernels["default"]
+    ev = data["evaluation"]
+    others = [k for k in kernels if k != "default"]
+    datasets = list(default["perplexity"]["dense"])
+    lines = [
+        f"The workflow (`{data['config']}`, setting {data['setting']}, {data['threads']} thread, {ev['windows']} windows "
+        f"× {ev['seqlen']} tokens per dataset) once per kernel setting, compared with the default kernels "
+        f"(PyTorch capability {default['capability']}): "
+        + "; ".join(f"`{k}` = {' '.join(f'{n}={v}' for n, v in kernels[k]['env'].items())} "
+                    f"(capability {kernels[k]['capability']})" for k in others)
+        + f". Calibration and window token ids identical under every setting: "
+        f"{'yes' if all(kernels[k]['summary']['tokens_identical'] for k in others) else 'NO'}"
+        + (f"; the default masks equal those of `make run` in another checkout: "
+           f"{'yes' if data['default_equals_reference'] else 'NO'}" if "default_equals_reference" in data else "")
+        + f". {_provenance(data)}",
+        "",
+        "| kernels | variant | mask bits that differ | blocks that differ (first) | "
+        + " | ".join(f"{DATASET_TITLES.get(d, d)} ppl change" for d in datasets) + " |",
+        "|---|---|---|---|" + "---|" * len(datasets),
+    ]
+    for k in others:
+        record = kernels[k]
+        for label in data["variants"]:
+            m = record["masks_vs_default"].get(label)
+            bits = "-" if m is None else f"{m['fraction']:.3%}"
+            blocks = "-" if m is None else (f"{m['blocks_differing']} of {m['blocks']} ({m['first_block_differing']})"
+                                           if m["blocks_differing"] else f"0 of {m['blocks']}")
+            changes = " | ".join(f"{record['ppl_change_vs_default'][label][d]:+.2%}" for d in datasets)
+            lines.append(f"| `{k}` | {_variant_title(label)} | {bits} | {blocks} | {changes} |")
+    worst = max(others, key=lambda k: kernels[k]["summary"]["max_abs_ppl_change"])
+    summary = kernels[worst]["summary"]
+    lines += ["", f"Tolerance across these kernels: masks differ in up to "
+                  f"{max(kernels[k]['summary']['max_mask_fraction'] for k in others):.2%} of the weights, and the pruned "
+                  f"rows' perplexities move by up to {summary['max_abs_ppl_change']:.2%} (`{worst}`; Dense "
+                  f"{max(kernels[k]['summary']['max_abs_dense_ppl_change'] for k in others):.2%})."]
+    return "\n".join(lines)
+
+
 def mask_compression(data: dict) -> str:
     """Mask file size, format version 1 vs 2 (benchmarks/bench_mask_compression.py)."""
     cal, records = data["calibration"], data["records"]
@@ -389,8 +466,12 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),
     "mask-compression": (REPO / "benchmarks/results/mask_compression.json", mask_compression),
+    "cpu-tolerance": (REPO / "benchmarks/results/cpu_tolerance.json", cpu_tolerance),
+    "eval-windows": (REPO / "benchmarks/results/eval_windows.json", eval_windows),
+    # Table 1's header lines on FedPrLLM against Local-only and on what it does not resolve
+    "table1": (REPO / "reports/table1.csv", table_csv(REPO / "reports/table1.csv",
+                                                      ("- FedPrLLM (", "- Not resolved", "- Every difference"))),
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
-        ("table1", "reports/table1.csv"),
         ("table12-run", "reports/table12_run.csv"),
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
         ("privacy-secagg", "reports/privacy_secagg.csv"),

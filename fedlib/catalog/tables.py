@@ -42,9 +42,14 @@ def zeroshot_path(results: str, eval_path: str) -> str:
 
 
 def table_inputs(spec: Mapping) -> list[str]:
-    """The result files a spec's table reads: its rows and its paired reference (`fedlib report`)."""
-    reference = [spec["paired_reference"]] if "paired_reference" in spec else []
-    return sorted({p for row in spec["rows"] for p in row["results"]}.union(reference))
+    """The result files a spec's table reads (`fedlib report`): its rows, its paired reference and
+    contrasts; a table over draws, every draw's."""
+    if "draws" in spec:
+        return sorted({p for draw in spec["draws"] for p in table_inputs(draw)})
+    files = {p for row in spec["rows"] for p in row["results"]}
+    files.update([spec["paired_reference"]] if "paired_reference" in spec else [])
+    files.update(p for c in spec.get("contrasts", []) for p in [*c["results"], *c["reference"]])
+    return sorted(files)
 
 
 def plot_inputs(spec: Mapping) -> list[str]:
@@ -229,17 +234,48 @@ class Catalog:
                          "results": [self.eval_json(calib, split, prune, label)]})
         return rows
 
-    def table1(self, strategies: Sequence[str] | None = None) -> dict:
-        calib, split, prune = self.setting()
+    def table1(self, strategies: Sequence[str] | None = None, calib: str | None = None) -> dict:
+        """Table 1 of the default setting (or of another calibration draw ``calib``): every row's
+        paired difference from Centralized on the same windows, and FedPrLLM layer (no scaling)
+        against Local-only."""
+        calib, split, prune = self.setting(calib)
         p = Prune.parse(prune)
         rows = self.baseline_rows(calib, split, prune)
-        rows += [self.fedprllm_row(calib, split, prune, label) for label in self.fedprllm_labels(strategies)]
+        labels = self.fedprllm_labels(strategies)
+        rows += [self.fedprllm_row(calib, split, prune, label) for label in labels]
+        local = [self.eval_json(calib, split, prune, label) for label in self.local_only_labels(split)]
+        layer = [label for label in labels if Variant.from_label(label).group == "layer"
+                 and not Variant.from_label(label).scale]
+        contrasts = [{"name": f"{Variant.from_label(label).name} vs Local-only",
+                      "results": [self.eval_json(calib, split, prune, label)], "reference": local} for label in layer]
         return {
             "title": f"Table 1 analogue: perplexity of pruned {self.config['model']['name']} "
                      f"({p.method}, {p.sparsity:.0%} sparsity)",
             "context": self.report_context(calib, split, prune),
             "columns": ["Method", "Comparison group", "Pruning strategy", "Weight scaling"],
             "rows": rows,
+            "paired_reference": self.eval_json(calib, split, prune, "centralized"),
+            "contrasts": contrasts,
+        }
+
+    def table1_seeds(self) -> dict:
+        """Table 1 over calibration draws (studies.table1_seeds): each seed samples the pool and
+        splits it over the clients; the config's seed is the draw of `make run` (its results reused)."""
+        c, seed = self.config["calibration"], self.config["seed"]
+        seeds = self.studies.get("table1_seeds", [0, 1, 2])
+        draws = [{"name": f"seed {s}",
+                  **self.table1(calib=str(Calib(c["dataset"], c["nsamples"], c["seqlen"], None if s == seed else s)))}
+                 for s in seeds]
+        base = draws[0]
+        p = Prune.parse(self.setting()[2])
+        return {
+            "title": f"Table 1 analogue over {len(seeds)} calibration draws: perplexity of pruned "
+                     f"{self.config['model']['name']} ({p.method}, {p.sparsity:.0%} sparsity)",
+            "context": self.report_context(*self.setting(), title_extra=(
+                f"; calibration draws with seeds {', '.join(map(str, seeds))} (the pool's samples and their split "
+                f"over the clients; tie-breaks keep seed {seed})")),
+            "columns": base["columns"],
+            "draws": draws,
         }
 
     # Zero-shot accuracy (lm-eval) of the same variants the perplexity rules score:
@@ -251,7 +287,9 @@ class Catalog:
         """The same table with zero-shot accuracies: every result file swapped for its zero-shot twin;
         with a Dense row, the other rows' paired differences from it (``paired_reference``)."""
         rows = [{**row, "results": [zeroshot_path(self.results, p) for p in row["results"]]} for row in spec["rows"]]
-        out = {**spec, "measure": "zeroshot", "title": title, "rows": rows}
+        perplexity_only = ("paired_reference", "contrasts")  # Table 1's: against Centralized, in perplexity
+        out = {**{k: v for k, v in spec.items() if k not in perplexity_only}, "measure": "zeroshot", "title": title,
+               "rows": rows}
         dense = [row["results"][0] for row in rows
                  if len(row["results"]) == 1 and Variant.from_label(Path(row["results"][0]).stem).row_kind == "dense"]
         if dense:
@@ -453,6 +491,7 @@ class Catalog:
         """Named study targets -> their table spec (built on call)."""
         return {
             "table1_full": lambda: self.table1(STRATEGIES),
+            "table1_seeds": self.table1_seeds,
             "table12_run": self.table12_run,  # part of `make run`
             "table12": self.table12,
             "table13": self.table13,

@@ -23,7 +23,7 @@ LABEL_PATTERN = rf"dense|{SETTING_LABEL_PATTERN}"
 LABEL_GRAMMAR = ("dense | centralized | local_<i> | random | fedspallm | standalone_<i> | "
                  "fedprllm_<oneshot|iterative>_<row|layer|column|NofM>_<scale|noscale>")
 
-CALIB_PATTERN = r"(c4|wikitext2|ptb|mix)-\d+x\d+"
+CALIB_PATTERN = r"(c4|wikitext2|ptb|mix)-\d+x\d+(-seed\d+)?"
 SPLIT_PATTERN = r"(iid|dir[0-9.]+)-\d+"
 PRUNE_PATTERN = rf"[a-z_]+-[0-9.]+-({GROUP_PATTERN})"
 
@@ -46,21 +46,28 @@ def _parse(kind: str, pattern: str, text: str, grammar: str) -> None:
 @dataclass(frozen=True)
 class Calib:
     """``{dataset}-{nsamples}x{seqlen}``, e.g. c4-32x512; mix-8x512 is 8 samples from each of
-    WikiText-2, C4 and PTB (the non-IID pool)."""
+    WikiText-2, C4 and PTB (the non-IID pool). ``-seed{n}`` (c4-32x512-seed1) is another
+    calibration draw: the pool is sampled and split over the clients with seed n instead of the
+    config's seed (target table1_seeds); without it, the config's seed."""
 
     dataset: str
     nsamples: int
     seqlen: int
+    seed: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> Calib:
-        _parse("calibration component", CALIB_PATTERN, text, "{c4|wikitext2|ptb|mix}-{nsamples}x{seqlen}")
-        dataset, size = text.split("-")
+        _parse("calibration component", CALIB_PATTERN, text, "{c4|wikitext2|ptb|mix}-{nsamples}x{seqlen}[-seed{n}]")
+        dataset, size, *seed = text.split("-")
         nsamples, seqlen = size.split("x")
-        return cls(dataset, int(nsamples), int(seqlen))
+        return cls(dataset, int(nsamples), int(seqlen), int(seed[0].removeprefix("seed")) if seed else None)
+
+    def draw_seed(self, config_seed: int) -> int:
+        """The seed that samples this pool and splits it over the clients."""
+        return config_seed if self.seed is None else self.seed
 
     def __str__(self) -> str:
-        return f"{self.dataset}-{self.nsamples}x{self.seqlen}"
+        return f"{self.dataset}-{self.nsamples}x{self.seqlen}" + ("" if self.seed is None else f"-seed{self.seed}")
 
 
 @dataclass(frozen=True)

@@ -62,18 +62,40 @@ def perplexities(
 
 
 def _score(windows: torch.Tensor, logits_batches, batch_size: int) -> dict:
+    """``ppl``/``nll`` over all tokens, and ``window_nll``: each window's mean NLL per predicted
+    token, so that two variants scored on the same windows can be compared window by window."""
     total_nll = 0.0
     total_tokens = 0
+    window_nll: list[float] = []
     for batch, logits in zip(windows.long().split(batch_size, dim=0), logits_batches):
-        labels = batch[:, 1:].reshape(-1).to(device=logits.device)
-        nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels, reduction="sum")
-        total_nll += float(nll)
+        labels = batch[:, 1:].to(device=logits.device)
+        log_probs = torch.log_softmax(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), dim=-1)
+        # the summed NLL exactly as F.cross_entropy(..., reduction="sum") computes it (same bits)
+        total_nll += float(F.nll_loss(log_probs, labels.reshape(-1), reduction="sum"))
+        token_nll = -log_probs.gather(1, labels.reshape(-1, 1)).view(labels.shape)
+        window_nll += (token_nll.double().sum(dim=1) / labels.shape[1]).tolist()
         total_tokens += labels.numel()
     mean = total_nll / total_tokens
-    return {"ppl": math.exp(mean), "nll": mean, "tokens": total_tokens, "windows": int(windows.shape[0])}
+    return {"ppl": math.exp(mean), "nll": mean, "tokens": total_tokens, "windows": int(windows.shape[0]),
+            "window_nll": window_nll}
 
 
 def perplexity(model: nn.Module | ModelHandle, windows: torch.Tensor, batch_size: int = 1, *,
                placement: Placement = CPU, variant=None) -> dict:
     """:func:`perplexities` of one window set."""
     return perplexities(model, [windows], batch_size, placement=placement, variant=variant)[0][0]
+
+
+def paired_ppl_ratio(variant_nll: Sequence[float], reference_nll: Sequence[float],
+                     confidence: float = 0.95) -> tuple[float, list[float]]:
+    """Perplexity ratio variant / reference, exp(mean of the paired differences), of per-window
+    mean NLLs of the same, equally long windows (so the mean over windows is the mean over
+    tokens), and its Student's t interval over the windows' paired differences (pairing removes
+    the between-window variance both share)."""
+    from fedlib.privacy.membership import t_interval
+
+    if len(variant_nll) != len(reference_nll):
+        raise ValueError(f"{len(variant_nll)} windows against {len(reference_nll)}: not the same windows")
+    d = torch.tensor(variant_nll, dtype=torch.float64) - torch.tensor(reference_nll, dtype=torch.float64)
+    mean, lo, hi = t_interval(d.numpy(), confidence)
+    return math.exp(mean), [math.exp(lo), math.exp(hi)]

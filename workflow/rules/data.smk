@@ -17,7 +17,7 @@ rule calibration_pool:
         dataset=lambda wc: Calib.parse(wc.calib).dataset,
         nsamples=lambda wc: Calib.parse(wc.calib).nsamples,
         seqlen=lambda wc: Calib.parse(wc.calib).seqlen,
-        seed=config["seed"],
+        seed=lambda wc: Calib.parse(wc.calib).draw_seed(config["seed"]),
         docs=span_arg("--docs", config["calibration"].get("c4_docs")),
     shell:
         "python -m fedlib calibration-pool --model {params.model} --data-dir {params.data_dir} "
@@ -41,7 +41,7 @@ rule client_data:
     params:
         n=lambda wc: Split.parse(wc.split).clients,
         partition=lambda wc: Split.parse(wc.split).partition,
-        seed=config["seed"],
+        seed=lambda wc: Calib.parse(wc.calib).draw_seed(config["seed"]),
     shell:
         "python -m fedlib client-data --pool {input} --n-clients {params.n} --client {wildcards.client} "
         "--partition {params.partition} --seed {params.seed} --out {output} > {log} 2>&1"
