@@ -182,7 +182,9 @@ def schema_refuses(key, value) -> str:
 
 @pytest.mark.parametrize("key, value", [("pruning.local_group", "0:4"), ("pruning.local_group", "2of4"),
                                         ("server.groups", ["rows"]), ("pruning.method", "wandaa"),
-                                        ("studies.methods", ["owl", "obs"])])
+                                        ("studies.methods", ["owl", "obs"]), ("pruning.sparsity", 1.5),
+                                        ("studies.fedspallm.resources", 1.5),
+                                        ("pruning.method_options", {"owl": 0.08})])
 def test_schema_refuses_group_spellings_and_unknown_methods(key, value):
     schema_refuses(key, value)
     with pytest.raises(WorkflowError, match="'wandaa' is not one of"):
