@@ -15,13 +15,7 @@ import time
 from pathlib import Path
 
 from fedlib import __version__
-
-
-def _threads(args) -> None:
-    import torch
-
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
+from fedlib.cli_args import add_dp_arguments, add_placement_arguments, dp_target_from_args, parse_data_dir, set_threads
 
 
 def _write_json(path: Path, payload: dict) -> None:
@@ -37,24 +31,12 @@ def _print_round_times(rounds) -> None:
         print(f"round {r.round}: clients {r.seconds_clients:.1f}s, server {r.seconds_server:.1f}s")
 
 
-def _data_dir(value: str | None) -> Path | None:
-    return None if value in (None, "", "hub") else Path(value)
-
-
-def add_placement_arguments(p) -> None:
-    """``--device`` / ``--dtype`` of every verb that runs a model."""
-    p.add_argument("--device", default="auto",
-                   help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N (default auto)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="weights and activations; statistics that decide masks stay float32/float64")
-
-
 def open_placed(args):
     """(model handle, placement) from ``--model``, ``--device``, ``--dtype`` (and ``--threads``)."""
     from fedlib.models import open_model
     from fedlib.runner import Placement
 
-    _threads(args)
+    set_threads(args)
     placement = Placement.resolve(args.device, args.dtype)
     return open_model(args.model, placement.dtype), placement
 
@@ -74,7 +56,7 @@ def cmd_calibration_pool(args) -> None:
     from fedlib.models import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
-    data_dir = _data_dir(args.data_dir)
+    data_dir = parse_data_dir(args.data_dir)
     docs = tuple(args.docs) if args.docs else None
     labels = None
     if args.dataset == "mix":  # the non-IID pool: --nsamples windows from each dataset
@@ -165,34 +147,6 @@ def cmd_client_mask(args) -> None:
     print(f"wrote {args.out} ({args.method}, {args.group}, {args.sparsity}) on {placement.label} "
           f"in {done - start:.1f}s ({(done - opened) / blocks:.2f}s per block, opened in {opened - start:.1f}s"
           f"{device_peak})")
-
-
-def dp_target_from_args(args):
-    """``--dp-epsilon/--dp-delta/--dp-clip`` as a :class:`fedlib.privacy.dp.DPTarget`, or None
-    without ``--dp-epsilon`` (``inf`` = the plain mechanism, recorded as no DP)."""
-    if args.dp_epsilon is None:
-        if args.dp_delta is not None or args.dp_clip is not None or getattr(args, "dp_noise_seed", None) is not None:
-            raise ValueError("--dp-delta, --dp-clip and --dp-noise-seed need --dp-epsilon")
-        return None
-    from fedlib.privacy.dp import DPTarget
-
-    if args.dp_delta is None or args.dp_clip is None:
-        raise ValueError("--dp-epsilon needs --dp-delta and --dp-clip")
-    return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip)
-
-
-def add_dp_arguments(p, noise_seed: bool = True) -> None:
-    """The DP client mechanism's budget (:mod:`fedlib.privacy.dp`)."""
-    p.add_argument("--dp-epsilon", type=float,
-                   help="sample-level (replace-one) DP: clip per-sample Wanda statistics and add Gaussian noise "
-                        "calibrated to this epsilon over all blocks (PLD accountant); inf = no DP. Wanda only")
-    p.add_argument("--dp-delta", type=float, help="the DP delta (with --dp-epsilon), e.g. 1e-5")
-    p.add_argument("--dp-clip", type=float,
-                   help="L2 bound on one sample's per-channel squared-norm vector (with --dp-epsilon)")
-    if noise_seed:
-        p.add_argument("--dp-noise-seed", type=int,
-                       help="the DP noise's seed: a secret, never written to the mask file (whoever knows it can "
-                            "remove the noise); default: fresh OS randomness. Give it only to reproduce a run")
 
 
 def _iterative_client_round(args, handle, ids, options, placement, writer) -> None:
@@ -451,7 +405,7 @@ def cmd_eval_windows(args) -> None:
     from fedlib.models import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
-    data_dir = _data_dir(args.data_dir)
+    data_dir = parse_data_dir(args.data_dir)
     c4_docs = tuple(args.c4_docs) if args.c4_docs else None
     windows, total = evaluation_windows(tokenizer, args.dataset, data_dir, args.seqlen,
                                         args.windows, c4_docs)

@@ -30,6 +30,8 @@ import json
 import math
 from pathlib import Path
 
+from fedlib.cli_args import add_dp_arguments, add_placement_arguments, dp_target_from_args, parse_data_dir, set_threads
+
 HELP = "privacy audit of shared masks: entropy, similarity, sensitivity, membership, inversion, defence"
 
 
@@ -90,8 +92,6 @@ def _pruning_args(p, blocks: bool = False) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
-    from fedlib.cli import add_placement_arguments
-
     add_placement_arguments(p)
     if blocks:
         p.add_argument("--blocks", type=_blocks, default=None,
@@ -132,8 +132,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _shadow_game_args(p, "the client's data set")
     p.add_argument("--epsilons", type=_epsilon, nargs="*", default=[],
                    help="also attack masks under randomized response with these per-bit ε")
-    from fedlib.cli import add_dp_arguments
-
     add_dp_arguments(p, noise_seed=False)  # every mask its own noise seed, drawn from --seed
     p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001])
     p.add_argument("--confidence", type=float, default=0.95)
@@ -274,16 +272,13 @@ def _open(args, placed: bool = True, many_masks: bool = False):
     """(model handle, placement) of an analysis: the placement from ``--device`` / ``--dtype``
     for analyses that compute masks, the CPU otherwise. ``many_masks``: the analysis computes
     dozens of whole-model masks in this process (:func:`fedlib.jobsize.unmap_freed_tensors`)."""
-    import torch
-
     from fedlib.jobsize import unmap_freed_tensors
     from fedlib.models import open_model
     from fedlib.runner import CPU, Placement
 
     if many_masks:
         unmap_freed_tensors()
-    if getattr(args, "threads", 0):
-        torch.set_num_threads(args.threads)
+    set_threads(args)
     placement = Placement.resolve(args.device, args.dtype) if placed else CPU
     return open_model(args.model, placement.dtype), placement
 
@@ -305,9 +300,9 @@ def _cmd_similarity(args) -> None:
         from fedlib.models import load_tokenizer
 
         tokenizer = load_tokenizer(args.model)
-        data_dir = None if args.data_dir in (None, "", "hub") else Path(args.data_dir)
         docs = tuple(args.docs) if args.docs else None
-        windows = [calibration_windows(tokenizer, args.dataset, data_dir, args.seed_samples, args.seqlen, s, docs)
+        windows = [calibration_windows(tokenizer, args.dataset, parse_data_dir(args.data_dir), args.seed_samples,
+                                       args.seqlen, s, docs)
                    for s in args.seeds]
     result = similarity_audit(model, [Path(p) for p in args.masks], windows, args.seeds or [], args.method,
                               args.sparsity, args.group, args.seed, args.batch_size,
@@ -356,7 +351,6 @@ def _base_masks(model, args, ids) -> dict:
 
 
 def _cmd_membership(args) -> None:
-    from fedlib.cli import dp_target_from_args
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.membership import membership_audit
 

@@ -70,11 +70,11 @@ from fedlib import progress
 from fedlib.groups import GROUPS, prune_lowest, seeded_generator, sparsity_for_count
 from fedlib.maskfile import MaskFileError
 from fedlib.models import LayerInfo
+from fedlib.protocol import ROUNDINGS
 from fedlib.server.robust import ConsensusDistance, client_report, screening_rule
 from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 from fedlib.weightfile import WEIGHT_DTYPES, open_weight_file, write_weight_file
 
-ROUNDINGS = ("ceil", "floor")
 SAMPLERS = ("cyclic", "independent")
 
 
