@@ -181,44 +181,39 @@ def _iterative_client_round(args, handle, ids, options, placement, writer) -> No
         writer.add(name, mask)
 
 
-#: server options that belong to one strategy only (None = not given); the rest are shared
-STRATEGY_OPTIONS = ("mode", "rounds", "resources", "sampler", "rounding", "robust")
-
-
 def strategy_from_args(args):
-    """The server strategy ``--strategy`` names, with the options given on the command line
-    (each must be a field of that strategy: ``--rounds`` means nothing to FedPrLLM)."""
-    import dataclasses
-
+    """The server strategy ``--strategy`` names, with the settings given on the command line
+    (each must be one of that strategy's :attr:`~fedlib.server.strategy.Strategy.options`:
+    ``--rounds`` means nothing to FedPrLLM)."""
     from fedlib.server import STRATEGIES
 
-    if args.strategy not in STRATEGIES:
-        raise ValueError(f"--strategy {args.strategy!r}: expected one of {sorted(STRATEGIES)}")
     cls = STRATEGIES[args.strategy]
-    fields = {f.name for f in dataclasses.fields(cls)}
-    options = {"group": args.group, "sparsity": args.sparsity, "seed": args.seed}
-    for name in STRATEGY_OPTIONS:
-        value = getattr(args, name, None)
+    own = {option.field for option in cls.options}
+    settings = {"group": args.group, "sparsity": args.sparsity, "seed": args.seed}
+    for option in {option.field: option for other in STRATEGIES.values() for option in other.options}.values():
+        value = getattr(args, option.field, None)
         if value is None:
             continue
-        if name not in fields:
-            raise ValueError(f"--{name} is not an option of the {args.strategy} strategy")
-        options[name] = tuple(value) if name == "resources" else value
-    return cls(**options)
+        if option.field not in own:
+            raise ValueError(f"--{option.field} is not an option of the {args.strategy} strategy")
+        settings[option.field] = tuple(value) if option.many else value
+    return cls(**settings)
 
 
-def add_strategy_arguments(p) -> None:
-    p.add_argument("--strategy", default="fedprllm", help="server strategy: fedprllm or fedspallm")
+def add_strategy_arguments(p, aggregation: bool) -> None:
+    """``--strategy`` (:data:`fedlib.server.STRATEGIES`), the settings every strategy has, and
+    each strategy's own options (``aggregation``: also those that change only the aggregation)."""
+    from fedlib.server import STRATEGIES
+
+    p.add_argument("--strategy", default="fedprllm", choices=sorted(STRATEGIES), help="server strategy")
     p.add_argument("--group", default="layer",
                    help="server comparison group (fedprllm: layer, row, column or N:M; fedspallm: the expansion group)")
     p.add_argument("--sparsity", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds", type=int, help="fedspallm: number of rounds T")
-    p.add_argument("--resources", type=float, nargs="+",
-                   help="fedspallm: per client, the fraction of the blocks it prunes per round (layer sampling)")
-    p.add_argument("--sampler", choices=["cyclic", "independent"], help="fedspallm: layer sampler")
-    p.add_argument("--mode", choices=["one-shot", "iterative"],
-                   help="fedprllm: one round over every block (default), or one round per block")
+    for name, cls in STRATEGIES.items():
+        for option in cls.options:
+            if aggregation or not option.aggregation_only:
+                option.add_to(p, name)
 
 
 def cmd_configure(args) -> None:
@@ -560,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("configure", cmd_configure,
              "server: what each client prunes and sends in a round (JSON: blocks per client)")
     p.add_argument("--model", required=True, help="model folder (only its number of blocks is read)")
-    add_strategy_arguments(p)
+    add_strategy_arguments(p, aggregation=False)
     p.add_argument("--clients", type=int, required=True)
     p.add_argument("--round", type=int, default=0)
     p.add_argument("--out", help="also write the plan here")
@@ -568,12 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("aggregate", cmd_aggregate,
              "server: aggregate one round's client files (fedprllm: mask files; fedspallm: weight files)")
     p.add_argument("--model", required=True)
-    add_strategy_arguments(p)
-    p.add_argument("--rounding", choices=["ceil", "floor"], help="fedspallm: expansion target, Eq. 7 (ceil)")
-    p.add_argument("--robust", metavar="RULE",
-                   help="fedprllm one-shot: count only the votes of the clients this rule does not flag; rules "
-                        "(fedlib.server.robust): mad = distance to the leave-one-out majority mask above "
-                        "median + 3.5 * 1.4826 MAD. Default: every client's votes")
+    add_strategy_arguments(p, aggregation=True)
     p.add_argument("--report", help="the outlier report (JSON: per client its distance to the consensus, "
                                     "robust z-score, flagged, used); default: OUT with .clients.json "
                                     "for .safetensors")

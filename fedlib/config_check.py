@@ -73,6 +73,7 @@ def validate_config(config: Mapping, workdir: Path) -> None:
     _check_clients(cfg, problems)
     _check_groups(cfg, problems)
     _check_methods(cfg, problems)
+    _check_server(cfg, problems)
     _check_data(cfg, workdir, problems)
     model = _model_config(cfg["model"]["name"], workdir, problems)
     if model is not None:
@@ -161,6 +162,14 @@ def _check_groups(cfg: dict, problems: _Problems) -> None:
         nm = _nm(group)
         if group not in UNSTRUCTURED and (nm is None or not nm[0] < nm[1]):
             problems.add(key, group, GROUPS_ALLOWED)
+
+
+def _check_server(cfg: dict, problems: _Problems) -> None:
+    """A robust server screens the clients of one round: FedPrLLM one-shot only."""
+    robust, schedules = cfg["server"].get("robust"), cfg["server"]["schedules"]
+    if robust is not None and "iterative" in schedules:
+        problems.add("server.robust", robust, "null with iterative in server.schedules",
+                     "each round of iterative FedPrLLM would exclude its own clients")
 
 
 def _check_methods(cfg: dict, problems: _Problems) -> None:

@@ -1,6 +1,6 @@
 """``fedlib privacy <analysis>``: the privacy audit's command line (arguments and handlers).
 
-Building the ``fedlib`` parser must not import torch: the handlers import their stage
+The arguments import nothing heavy: the handlers import their stage
 (:mod:`fedlib.privacy.stages`) and torch only when they run.
 
     fedlib privacy entropy      --model M --out X.json CLIENT_MASKS...
@@ -331,11 +331,14 @@ def _cmd_sensitivity(args) -> None:
 def _base_masks(model, args, ids) -> dict:
     """D's masks from the client's shared mask file, after checking it was computed the
     way this analysis computes masks (else the comparison would mix two computations)."""
+    from fedlib.maskcode import MagnitudeReference
     from fedlib.maskfile import MaskFile
-    from fedlib.models import fingerprint, prunable_layers
+    from fedlib.models import ModelHandle
     from fedlib.privacy.bits import block_of
 
-    mf = MaskFile(Path(args.base_mask), fingerprint(model), prunable_layers(model))
+    handle = ModelHandle.of(model)
+    mf = MaskFile(Path(args.base_mask), handle.fingerprint(), handle.layers(),
+                  reference=MagnitudeReference.of_model(handle))
     h = mf.header
     wanted = {"method": args.method, "group": args.group, "sparsity": args.sparsity, "seed": args.seed,
               "n_samples": int(ids.shape[0]), "method_options": args.method_options or {}}

@@ -49,10 +49,10 @@ EVERY_KIND = {
     "random": Variant("random"),
     "fedspallm": Variant("fedspallm"),
     "standalone_0": Variant("standalone", client=0),
-    "fedprllm_oneshot_layer_noscale": Variant("fedprllm", strategy="oneshot", group="layer", scale=False),
-    "fedprllm_iterative_2of4_scale": Variant("fedprllm", strategy="iterative", group="2of4", scale=True),
-    "fedprllm_oneshot_column_scale": Variant("fedprllm", strategy="oneshot", group="column", scale=True),
-    "fedprllm_iterative_row_noscale": Variant("fedprllm", strategy="iterative", group="row", scale=False),
+    "fedprllm_oneshot_layer_noscale": Variant("fedprllm", schedule="oneshot", group="layer", scale=False),
+    "fedprllm_iterative_2of4_scale": Variant("fedprllm", schedule="iterative", group="2of4", scale=True),
+    "fedprllm_oneshot_column_scale": Variant("fedprllm", schedule="oneshot", group="column", scale=True),
+    "fedprllm_iterative_row_noscale": Variant("fedprllm", schedule="iterative", group="row", scale=False),
 }
 
 
@@ -75,7 +75,7 @@ def test_invalid_labels_are_refused(label):
 
 
 def test_inconsistent_variants_are_refused():
-    for bad in (dict(kind="local"), dict(kind="dense", client=1), dict(kind="fedprllm", strategy="oneshot", group="layer"),
+    for bad in (dict(kind="local"), dict(kind="dense", client=1), dict(kind="fedprllm", schedule="oneshot", group="layer"),
                 dict(kind="centralized", scale=True), dict(kind="shadow")):
         with pytest.raises(ValueError, match="invalid variant"):
             Variant(**bad)
@@ -101,11 +101,11 @@ def test_variant_files_and_cli_arguments():
         "random": (f"{R}/random/0.5.mask.safetensors", "--mask"),
         "fedspallm": (f"{R}/fedspallm/c4-4x32/iid-2/wanda-0.5-row/global.weights.safetensors", "--weights"),
         "standalone_0": (f"{R}/fedspallm/c4-4x32/iid-2/wanda-0.5-row/standalone_0.weights.safetensors", "--weights"),
-        "fedprllm_oneshot_layer_noscale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/oneshot_layer.mask.safetensors", "--mask"),
-        "fedprllm_oneshot_column_scale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/oneshot_column.mask.safetensors", "--mask"),
+        "fedprllm_oneshot_layer_noscale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/fedprllm_oneshot_layer.mask.safetensors", "--mask"),
+        "fedprllm_oneshot_column_scale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/fedprllm_oneshot_column.mask.safetensors", "--mask"),
         # iterative with scaling is a run of its own; without, it is the plain iterative run
-        "fedprllm_iterative_2of4_scale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/iterative-scaled_2of4.mask.safetensors", "--mask"),
-        "fedprllm_iterative_row_noscale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/iterative_row.mask.safetensors", "--mask"),
+        "fedprllm_iterative_2of4_scale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/fedprllm_iterative-scaled_2of4.mask.safetensors", "--mask"),
+        "fedprllm_iterative_row_noscale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/fedprllm_iterative_row.mask.safetensors", "--mask"),
     }
     catalog = Catalog(tiny_config())
     for label, (path, flag) in expected.items():

@@ -198,6 +198,26 @@ def test_schema_methods_are_the_registry():
     assert sorted(schema["$defs"]["method"]["enum"]) == sorted(METHODS)
 
 
+def test_schema_server_and_upload_enums_are_the_registries():
+    from fedlib.catalog.variants import SCHEDULES
+    from fedlib.maskfile import FORMAT_VERSIONS
+    from fedlib.server.robust import RULES
+
+    server = yaml.safe_load(SCHEMA.read_text())["properties"]["server"]["properties"]
+    assert server["schedules"]["items"]["enum"] == list(SCHEDULES)
+    assert sorted(server["robust"]["enum"], key=str) == sorted([*RULES, None], key=str)
+    upload = yaml.safe_load(SCHEMA.read_text())["properties"]["upload"]["properties"]
+    assert upload["format_version"]["enum"] == list(FORMAT_VERSIONS)
+
+
+def test_robust_server_is_one_shot_only():
+    check(config_with(("server.robust", "mad")))
+    assert_refused(config_with(("server.robust", "mad"), ("server.schedules", ["oneshot", "iterative"])),
+                   "server.robust", "mad", "null with iterative in server.schedules")
+    schema_refuses("server.robust", "median")
+    schema_refuses("upload.format_version", 3)
+
+
 def test_schema_zeroshot_tasks_are_the_registry():
     from fedlib.evaluate.zeroshot import ZEROSHOT_TASKS
 

@@ -156,8 +156,34 @@ def _tokens(path):
 def test_aggregate_refuses_options_of_another_strategy(tiny_model_dir, tmp_path, capsys):
     code = main(["aggregate", "--model", str(tiny_model_dir), "--rounds", "2", "--out", str(tmp_path / "g"), "x"])
     assert code == 2 and "--rounds is not an option of the fedprllm strategy" in capsys.readouterr().err
-    code = main(["aggregate", "--model", str(tiny_model_dir), "--strategy", "fedavg", "--out", str(tmp_path / "g"), "x"])
-    assert code == 2 and "expected one of ['fedprllm', 'fedspallm']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["aggregate", "--model", str(tiny_model_dir), "--strategy", "fedavg", "--out", str(tmp_path / "g"), "x"])
+    assert exited.value.code == 2 and "invalid choice: 'fedavg' (choose from 'fedprllm', 'fedspallm')" in capsys.readouterr().err
+
+
+def test_a_registered_strategy_is_offered_with_its_options(monkeypatch):
+    """A new strategy is its class and one line in fedlib.server.STRATEGIES: --strategy offers
+    it, with the options its class declares (and no other strategy takes them)."""
+    from dataclasses import dataclass
+
+    from fedlib.cli import build_parser, strategy_from_args
+    from fedlib.server.strategy import Option, Strategy
+
+    @dataclass
+    class Quantile(Strategy):
+        group: str = "layer"
+        sparsity: float = 0.5
+        seed: int = 0
+        quantile: float = 0.5
+        name = "quantile"
+        options = (Option("quantile", "the vote quantile", type=float),)
+
+    monkeypatch.setitem(STRATEGIES, "quantile", Quantile)
+    common = ["aggregate", "--model", "m", "--out", "g", "--quantile", "0.7", "x"]
+    strategy = strategy_from_args(build_parser().parse_args([*common, "--strategy", "quantile", "--group", "row"]))
+    assert strategy == Quantile(group="row", quantile=0.7)
+    with pytest.raises(ValueError, match="--quantile is not an option of the fedprllm strategy"):
+        strategy_from_args(build_parser().parse_args(common))
 
 
 @pytest.mark.parametrize("method, scale", [("wanda", True), ("owl", False)])

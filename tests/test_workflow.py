@@ -229,14 +229,17 @@ def test_fedspallm_samples_per_client_sets_the_pool(tmp_path):
     assert "--nsamples 10 " in out and "/iid-2/sparsegpt_update-0.5-layer/fedspallm.json" in out
 
 
-def test_method_options_and_fedspallm_layer_sampling_reach_the_commands(tmp_path):
+def test_settings_reach_the_commands(tmp_path):
     """pruning.method_options goes to every job pruning with the method it names (nothing else
-    changes); studies.fedspallm.resources turns on layer sampling, without Standalone models."""
-    config = load_test_config()
+    changes); studies.fedspallm.resources turns on layer sampling, without Standalone models;
+    server.robust goes to the one-shot server (rule aggregate, its {strategy} from the path) and
+    upload.format_version to the clients' uploads only (not Centralized's mask)."""
+    config = load_test_config(server={"robust": "mad"})
     config["pruning"]["method"] = "owl"  # options the methods accept (the shell quoting: tests/test_catalog.py)
     config["pruning"]["method_options"] = {"owl": {"lam": 0.1}, "sparsegpt_update": {"blocksize": 16}}
     config["studies"] = {"fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 2,
                                        "resources": [0.5, 1]}}
+    config["upload"] = {"format_version": 2}
     write_config(tmp_path, config)
     out = snakemake(tmp_path, "fedspallm2", "table1", "privacy", "--configfile", str(tmp_path / "config.yaml"), "-n", "-p")
     commands = [line for line in out.splitlines() if "python -m fedlib " in line]
@@ -249,6 +252,12 @@ def test_method_options_and_fedspallm_layer_sampling_reach_the_commands(tmp_path
     assert "--rounds 2 --resources 0.5 1 --method-options '{\"blocksize\": 16}'" in fedspallm[0]
     assert "--standalone-out" not in fedspallm[0] and "standalone_" not in out
     assert not any("--method-options" in c for c in commands if "fedlib aggregate " in c or "fedlib evaluate " in c)
+    aggregate = [c for c in commands if "fedlib aggregate " in c]
+    assert aggregate and all("--strategy fedprllm " in c and " --robust mad " in c for c in aggregate)
+    assert all("/fedprllm_oneshot_" in c for c in aggregate)
+    uploads = [c for c in commands if "fedlib client-mask " in c]
+    assert {"--client-id centralized" in c for c in uploads} == {True, False}
+    assert all(("--format-version 2" in c) != ("--client-id centralized" in c) for c in uploads)
 
 
 @pytest.mark.parametrize("where, value, message", [

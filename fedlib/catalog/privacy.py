@@ -85,6 +85,12 @@ class PrivacyCatalog:
     def client_masks(self) -> list[str]:
         return self.catalog.client_masks(self.calib, self.split, self.prune)
 
+    def clean_global(self, group: str) -> str:
+        """The noise-free global mask the defence compares with: Table 1's one-shot FedPrLLM file
+        with server group ``group`` (path spelling)."""
+        label = Variant.fedprllm("oneshot", group, False).label
+        return self.catalog.variant_source(self.calib, self.split, self.prune, label)[0]
+
     def shard(self, i: int) -> str:
         return f"{self.results}/shards/{self.calib}/{self.split}/client_{i}.safetensors"
 

@@ -27,6 +27,7 @@ from fedlib.catalog import (
 )
 from fedlib.config_check import materialized_dir, validate_config
 from fedlib.runlock import claim_workdir
+from fedlib.server import STRATEGIES
 
 validate(config, "../schemas/config.schema.yaml")
 validate_config(config, Path.cwd())  # what the schema cannot express: values against each other, files, the model
@@ -61,6 +62,10 @@ EVAL = config["evaluation"]
 #          WikiText-2, C4 and PTB, the non-IID pool)
 #   split  iid-{clients} or dir{alpha}-{clients}         e.g. iid-16, dir5-12
 #   prune  {method}-{sparsity}-{local group}              e.g. wanda-0.5-row, wanda-0.5-2of4
+# {strategy} of the server job (aggregate): the registered strategies that aggregate client mask files
+MASK_STRATEGY_PATTERN = "|".join(name for name, strategy in STRATEGIES.items() if strategy.send == "mask")
+
+
 wildcard_constraints:
     calib=CALIB_PATTERN,
     split=SPLIT_PATTERN,

@@ -167,7 +167,7 @@ rule privacy_rr_aggregate:
     input:
         model=MODEL_READY,
         masks=PRIVACY.client_masks(),
-        clean=f"{RESULTS}/global/{PRIVACY.calib}/{PRIVACY.split}/{PRIVACY.prune}/oneshot_{{group}}.mask.safetensors",
+        clean=lambda wc: PRIVACY.clean_global(wc.group),
     output:
         mask=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.mask.safetensors",
         record=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.record.json",

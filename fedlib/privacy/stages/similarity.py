@@ -52,16 +52,16 @@ def similarity_audit(
     """Hamming distances between every pair of the given client mask files, and (optional)
     between whole-model masks computed here from independently seeded calibration draws
     ``seed_windows`` (one token tensor per seed)."""
-    from fedlib.models import fingerprint, prunable_layers
+    from fedlib.models import ModelHandle
 
-    layers = prunable_layers(model)
-    fp = fingerprint(model)
+    handle = ModelHandle.of(model)
+    layers, fp = handle.layers(), handle.fingerprint()
     names = [info.name for info in layers]
     sizes = _type_sizes(layers)
     out = {"analysis": "similarity", "model_fingerprint": fp, "type_sizes": sizes,
            "total_entries": sum(sizes.values())}
     if mask_paths:
-        with open_mask_files(mask_paths, fp, layers) as (files, packed):
+        with open_mask_files(mask_paths, handle) as (files, packed):
             readers = [lambda name, i=i: packed(i, name) for i in range(len(files))]
             pairs = _pairwise(readers, names)
             h = files[0].header
