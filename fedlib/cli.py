@@ -41,6 +41,16 @@ def open_placed(args):
     return open_model(args.model, placement.dtype), placement
 
 
+def pruning_from_args(args, placement, group: str | None = None):
+    """The local pruning of a verb that prunes (:class:`fedlib.client.Pruning`): ``--method``,
+    ``--sparsity``, ``--group`` (or ``group``), ``--seed``, ``--method-options`` (JSON),
+    ``--batch-size``, on ``placement``."""
+    from fedlib.client import Pruning
+
+    options = json.loads(args.method_options) if args.method_options else None
+    return Pruning(args.method, args.sparsity, group or args.group, args.seed, options, args.batch_size, placement)
+
+
 # --------------------------------------------------------------------------- verbs
 
 
@@ -91,6 +101,8 @@ def cmd_client_data(args) -> None:
 
 
 def cmd_client_mask(args) -> None:
+    import dataclasses
+
     from fedlib.client import prune_locally
     from fedlib.data import load_tokens
     from fedlib.maskcode import MagnitudeReference
@@ -102,7 +114,7 @@ def cmd_client_mask(args) -> None:
     ids = None
     if args.calib:
         ids, _ = load_tokens(Path(args.calib))
-    options = json.loads(args.method_options) if args.method_options else None
+    pruning = pruning_from_args(args, placement)
     layers = handle.layers()
     if args.round is not None:
         layers = [info for info in layers if info.block == args.round]
@@ -110,16 +122,17 @@ def cmd_client_mask(args) -> None:
             raise ValueError(f"--round {args.round}: the model has blocks 0..{handle.n_blocks - 1}")
     elif args.global_masks or args.scale:
         raise ValueError("--global-masks and --scale belong to a round of iterative FedPrLLM (give --round)")
-    method, extra = args.method, {"method_options": json.dumps(options or {}), "dtype": args.dtype}
+    extra = {"method_options": json.dumps(pruning.options), "dtype": args.dtype}
     target = dp_target_from_args(args)
     if target is not None and target.enabled:
         from fedlib.privacy.dp import dp_method, fresh_noise_seed
 
-        if args.round is not None or options:
+        if args.round is not None or pruning.options:
             raise ValueError("--dp-epsilon: DP masks are one-shot Wanda without method options (no --round: "
                              "composition over rounds is not accounted)")
         noise_seed = fresh_noise_seed() if args.dp_noise_seed is None else args.dp_noise_seed
         method, guarantee = dp_method(args.method, target, [info.name for info in layers], noise_seed)
+        pruning = dataclasses.replace(pruning, method=method)
         extra["dp"] = guarantee.header()
         print(f"DP: {guarantee.header()}")
     with MaskWriter(
@@ -132,11 +145,10 @@ def cmd_client_mask(args) -> None:
         opened = time.perf_counter()
         if args.round is None:
             # masks go to the file block by block: a 7B client never holds all of them
-            prune_locally(handle, ids, method, args.sparsity, args.group, args.seed,
-                          batch_size=args.batch_size, method_options=options, placement=placement, keep=False,
+            prune_locally(handle, ids, pruning, keep=False,
                           on_block=lambda _i, decision: [writer.add(n, m) for n, m in decision.masks.items()])
         else:
-            _iterative_client_round(args, handle, ids, options, placement, writer)
+            _iterative_client_round(args, handle, ids, pruning, writer)
     done = time.perf_counter()
     blocks = handle.n_blocks if args.round is None else args.round + 1
     device_peak = ""
@@ -149,7 +161,7 @@ def cmd_client_mask(args) -> None:
           f"{device_peak})")
 
 
-def _iterative_client_round(args, handle, ids, options, placement, writer) -> None:
+def _iterative_client_round(args, handle, ids, pruning, writer) -> None:
     """Round ``args.round`` of iterative FedPrLLM: block ``round``'s masks, its input through
     the global masks (and, with ``--scale``, the scale factors) of the earlier blocks."""
     from fedlib.federation import iterative_client
@@ -174,9 +186,7 @@ def _iterative_client_round(args, handle, ids, options, placement, writer) -> No
                        for info in settled}
     elif args.global_masks:
         raise ValueError("--round 0 starts from the dense model: no --global-masks")
-    masks = iterative_client(handle, ids, args.round, args.method, args.sparsity, args.group, args.seed,
-                             args.batch_size, global_masks=global_masks, factors=factors,
-                             method_options=options, placement=placement)
+    masks = iterative_client(handle, ids, args.round, pruning, global_masks=global_masks, factors=factors)
     for name, mask in masks.items():
         writer.add(name, mask)
 
@@ -281,17 +291,14 @@ def cmd_client_weights(args) -> None:
             if info.block in blocks and current.has_layer(info.name):
                 global_masks[info.name] = current.layer_mask(info.name)
                 global_weights[info.name] = current.layer_weight(info.name, global_masks[info.name])
-    options = json.loads(args.method_options) if args.method_options else None
     mine = [info for info in layers if info.block in blocks]
     with WeightFileWriter(
         Path(args.out), mine, fingerprint=base, role="client", client_id=args.client_id, method=args.method,
         group=args.group, sparsity=args.sparsity, n_samples=ids.shape[0], seed=args.seed,
         weight_dtype=args.weight_dtype, round_index=args.round,
     ) as writer:
-        fedspallm_client(handle, ids, blocks, args.sparsity, args.seed, group=args.group,
-                         batch_size=args.batch_size, method=args.method, method_options=options,
-                         global_weights=global_weights, global_masks=global_masks, keep=False,
-                         placement=placement,
+        fedspallm_client(handle, ids, blocks, pruning_from_args(args, placement), global_weights=global_weights,
+                         global_masks=global_masks, keep=False,
                          on_block=lambda _i, upload: [writer.add_layer(n, m, upload.weights[n])
                                                       for n, m in upload.masks.items()])
     print(f"wrote {args.out}: blocks {blocks}, round {args.round}, in {time.perf_counter() - start:.1f}s")
@@ -307,7 +314,6 @@ def cmd_iterative(args) -> None:
     start = time.perf_counter()
     handle, placement = open_placed(args)
     clients = [load_tokens(Path(p))[0] for p in args.calib]
-    options = json.loads(args.method_options) if args.method_options else None
     with MaskWriter(
         Path(args.out), handle.layers(), fingerprint=handle.fingerprint(), role="global", client_id="server",
         method=FedPrLLM(mode="iterative").global_method(args.method), group=args.server_group, sparsity=args.sparsity,
@@ -318,9 +324,8 @@ def cmd_iterative(args) -> None:
             for name, mask in global_masks.items():
                 writer.add(name, mask, votes[name])
 
-        result = iterative_prune(handle, clients, args.method, args.sparsity, args.local_group,
-                                 args.server_group, args.seed, args.batch_size, method_options=options,
-                                 scale=args.scale, placement=placement, keep=False, on_round=write_round)
+        result = iterative_prune(handle, clients, pruning_from_args(args, placement, group=args.local_group),
+                                 args.server_group, scale=args.scale, keep=False, on_round=write_round)
     _write_json(Path(args.record), {
         "n_clients": len(clients), "rounds": len(result.rounds), "scale": args.scale,
         "bytes_up": result.bytes_up, "bytes_down": result.bytes_down,

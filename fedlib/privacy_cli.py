@@ -268,10 +268,12 @@ def _json_default(x):
     raise TypeError(f"not JSON serializable: {type(x)}")
 
 
-def _open(args, placed: bool = True, many_masks: bool = False):
-    """(model handle, placement) of an analysis: the placement from ``--device`` / ``--dtype``
-    for analyses that compute masks, the CPU otherwise. ``many_masks``: the analysis computes
+def _open(args, pruned: bool = True, many_masks: bool = False):
+    """(model handle, the clients' pruning) of an analysis. One that computes masks prunes as its
+    pruning arguments say (``_pruning_args``), on the placement from ``--device`` / ``--dtype``;
+    the others open the model on the CPU (pruning None). ``many_masks``: the analysis computes
     dozens of whole-model masks in this process (:func:`fedlib.jobsize.unmap_freed_tensors`)."""
+    from fedlib.client import Pruning
     from fedlib.jobsize import unmap_freed_tensors
     from fedlib.models import open_model
     from fedlib.runner import CPU, Placement
@@ -279,21 +281,25 @@ def _open(args, placed: bool = True, many_masks: bool = False):
     if many_masks:
         unmap_freed_tensors()
     set_threads(args)
-    placement = Placement.resolve(args.device, args.dtype) if placed else CPU
-    return open_model(args.model, placement.dtype), placement
+    if not pruned:
+        return open_model(args.model, CPU.dtype), None
+    placement = Placement.resolve(args.device, args.dtype)
+    pruning = Pruning(args.method, args.sparsity, args.group, args.seed, args.method_options, args.batch_size,
+                      placement)
+    return open_model(args.model, placement.dtype), pruning
 
 
 def _cmd_entropy(args) -> None:
     from fedlib.privacy.stages.entropy import entropy_audit
 
-    handle, _ = _open(args, placed=False)
+    handle, _ = _open(args, pruned=False)
     _write_json(args.out, entropy_audit(handle, [Path(p) for p in args.masks]))
 
 
 def _cmd_similarity(args) -> None:
     from fedlib.privacy.stages.similarity import similarity_audit
 
-    model, placement = _open(args)
+    model, pruning = _open(args)
     windows = []
     if args.seeds:
         from fedlib.data import calibration_windows
@@ -304,9 +310,7 @@ def _cmd_similarity(args) -> None:
         windows = [calibration_windows(tokenizer, args.dataset, parse_data_dir(args.data_dir), args.seed_samples,
                                        args.seqlen, s, docs)
                    for s in args.seeds]
-    result = similarity_audit(model, [Path(p) for p in args.masks], windows, args.seeds or [], args.method,
-                              args.sparsity, args.group, args.seed, args.batch_size,
-                              method_options=args.method_options, placement=placement)
+    result = similarity_audit(model, [Path(p) for p in args.masks], windows, args.seeds or [], pruning)
     _write_json(args.out, result)
 
 
@@ -316,13 +320,11 @@ def _cmd_sensitivity(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.sensitivity import sensitivity_audit
 
-    model, placement = _open(args)
+    model, pruning = _open(args)
     ids, _ = load_tokens(Path(args.calib))
     reps = torch.cat([load_tokens(Path(p))[0] for p in args.replacements])
     base = _base_masks(model, args, ids) if args.base_mask else None
-    result = sensitivity_audit(model, ids, reps, args.neighbours, args.method, args.sparsity, args.group,
-                               args.seed, args.blocks, args.batch_size, base, method_options=args.method_options,
-                               placement=placement)
+    result = sensitivity_audit(model, ids, reps, args.neighbours, pruning, args.blocks, base)
     result["calib"] = str(args.calib)
     result["base_mask"] = args.base_mask
     _write_json(args.out, result)
@@ -357,12 +359,10 @@ def _cmd_membership(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.membership import membership_audit
 
-    model, placement = _open(args)
+    model, pruning = _open(args)
     pop, _ = load_tokens(Path(args.population))
-    result = membership_audit(model, pop, args.targets, args.samples, args.pairs, args.blocks, args.method,
-                              args.sparsity, args.group, args.seed, args.epsilons, args.fprs,
-                              args.confidence, batch_size=args.batch_size, method_options=args.method_options,
-                              placement=placement, dp=dp_target_from_args(args))
+    result = membership_audit(model, pop, args.targets, args.samples, args.pairs, args.blocks, pruning,
+                              args.epsilons, args.fprs, args.confidence, dp=dp_target_from_args(args))
     result["population_file"] = str(args.population)
     _write_json(args.out, result)
 
@@ -371,11 +371,10 @@ def _cmd_membership_shared(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.membership_shared import membership_shared_audit
 
-    model, placement = _open(args, many_masks=True)
+    model, pruning = _open(args, many_masks=True)
     pop, _ = load_tokens(Path(args.population))
-    result = membership_shared_audit(model, pop, args.samples, args.shadows, args.clients, args.method, args.sparsity,
-                                     args.group, args.seed, args.fprs, args.confidence, args.batch_size,
-                                     args.method_options, placement)
+    result = membership_shared_audit(model, pop, args.samples, args.shadows, args.clients, pruning, args.fprs,
+                                     args.confidence)
     result["population_file"] = str(args.population)
     _write_json(args.out, result)
     print(f"membership-shared: AUC over {result['pairs']['masks']} client masks x {pop.shape[0]} targets "
@@ -386,7 +385,7 @@ def _cmd_attribute(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.attribute import attribute_audit, term_rows
 
-    model, placement = _open(args, many_masks=True)
+    model, pruning = _open(args, many_masks=True)
     pop, _ = load_tokens(Path(args.population))
     if args.term is not None:
         from fedlib.models import load_tokenizer
@@ -406,8 +405,7 @@ def _cmd_attribute(args) -> None:
                              f"{pop.shape[1]}; the two kinds of rows must be equally long")
         prop = {"kind": "domain", "domain_pool": str(args.domain_pool)}
     result = attribute_audit(model, with_rows, without_rows, args.trials, args.samples, args.pairs, args.blocks,
-                             args.method, args.sparsity, args.group, args.seed, args.fprs, args.confidence,
-                             args.batch_size, args.method_options, placement)
+                             pruning, args.fprs, args.confidence)
     result["property"] = prop
     result["population_file"] = str(args.population)
     _write_json(args.out, result)
@@ -420,13 +418,10 @@ def _cmd_secagg(args) -> None:
     if args.blocks is None:
         raise SystemExit("fedlib privacy secagg: --blocks must be a number (sums of whole-model masks of every "
                          "pool client do not fit the audit's memory plan)")
-    model, placement = _open(args)
+    model, pruning = _open(args)
     pop, _ = load_tokens(Path(args.population))
     result = secagg_membership_audit(model, pop, args.targets, args.samples, args.pairs, args.blocks, args.cohorts,
-                                     args.pool, args.draws, args.method, args.sparsity, args.group,
-                                     args.server_group, args.seed, args.fprs, args.confidence,
-                                     batch_size=args.batch_size, method_options=args.method_options,
-                                     placement=placement)
+                                     args.pool, args.draws, pruning, args.server_group, args.fprs, args.confidence)
     result["population_file"] = str(args.population)
     _write_json(args.out, result)
 
@@ -436,7 +431,7 @@ def _cmd_inversion(args) -> None:
     from fedlib.models import load_tokenizer
     from fedlib.privacy.stages.inversion import inversion_audit, unigram_distribution
 
-    model, _ = _open(args, placed=False)
+    model, _ = _open(args, pruned=False)
     tokenizer = load_tokenizer(args.model)
     texts = {}
     for path in args.texts:
@@ -455,7 +450,7 @@ def _cmd_inversion_client(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.inversion import client_inversion, unigram_distribution
 
-    model, _ = _open(args, placed=False)
+    model, _ = _open(args, pruned=False)
     names = [name for name, _ in args.prior]
     if len(set(names)) != len(names):
         raise ValueError(f"--prior: the names {names} repeat")
@@ -476,7 +471,7 @@ def _cmd_inversion_client(args) -> None:
 def _cmd_rr_aggregate(args) -> None:
     from fedlib.privacy.stages.defence import rr_aggregate
 
-    model, _ = _open(args, placed=False)
+    model, _ = _open(args, pruned=False)
     record = rr_aggregate(model, [Path(p) for p in args.masks], args.epsilon, args.group.replace("of", ":"),
                           args.sparsity, args.seed, Path(args.out), args.per_client,
                           Path(args.clean_global) if args.clean_global else None)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.cli import main
 from fedlib.data import save_tokens
 from fedlib.maskcode import MagnitudeReference, decode_layer, encode_layer, magnitude_buckets
@@ -31,7 +31,7 @@ def write(model, path, masks, group, version, reference=None, client_id="0", met
 
 def client_masks(model, group, seed=0):
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(seed))
-    return prune_locally(model, ids, "wanda", 0.5, group, 0).masks
+    return prune_locally(model, ids, Pruning("wanda", 0.5, group, 0)).masks
 
 
 def test_buckets_are_rank_quantiles_of_magnitude():
