@@ -142,14 +142,20 @@ def test_a_reference_mismatch_is_refused(model, tmp_path):
     assert err.value.field == "format_version" and "no reference" in str(err.value)
 
 
-def test_aggregating_v2_uploads_equals_aggregating_v1(model, tmp_path):
-    layers = prunable_layers(model)
+def uploads(model, folder) -> dict[int, list]:
+    """Three clients' Wanda row masks, each written in format versions 1 and 2: version -> files."""
     paths = {1: [], 2: []}
     for client in range(3):
         masks = client_masks(model, "row", seed=client)
         for version in (1, 2):
-            paths[version].append(tmp_path / f"c{client}.v{version}.safetensors")
+            paths[version].append(folder / f"c{client}.v{version}.safetensors")
             write(model, paths[version][-1], masks, "row", version, reference_of(model), client_id=str(client))
+    return paths
+
+
+def test_aggregating_v2_uploads_equals_aggregating_v1(model, tmp_path):
+    layers = prunable_layers(model)
+    paths = uploads(model, tmp_path)
     mixed = [paths[1][0], paths[2][1], paths[2][2]]
     outs = []
     for i, files in enumerate([paths[1], paths[2], mixed]):
@@ -197,12 +203,7 @@ def test_every_reader_of_client_files_decodes_version_2(tmp_path):
     model.save_pretrained(tmp_path / "model")
     handle = open_model(str(tmp_path / "model"), weights=False)
     layers = prunable_layers(model)
-    paths = {1: [], 2: []}
-    for client in range(3):
-        masks = client_masks(model, "row", seed=client)
-        for version in (1, 2):
-            paths[version].append(tmp_path / f"c{client}.v{version}.safetensors")
-            write(model, paths[version][-1], masks, "row", version, reference_of(model), client_id=str(client))
+    paths = uploads(model, tmp_path)
     with open_mask_files(paths[1], handle) as (_, v1), open_mask_files(paths[2], handle) as (_, v2):
         for i in range(3):
             for info in layers:
@@ -224,9 +225,9 @@ def test_every_reader_of_client_files_decodes_version_2(tmp_path):
                                                     tmp_path / "g.safetensors")
     transfers = [fedprllm_transfer(tmp_path / "model", paths[v], tmp_path / "g.safetensors", tmp_path)
                  for v in (1, 2)]
-    uploads = []
+    sizes = []
     for version, transfer in zip((1, 2), transfers):  # every upload under its format's column
-        uploads.append([[up.pop(f"format v{version} (as sent)") for up in r["up"]]
-                        for strategy in transfer for r in strategy["rounds"]])
-    assert all(coded < packed for packed, coded in zip(uploads[0][0], uploads[1][0]))  # one-shot uploads
+        sizes.append([[up.pop(f"format v{version} (as sent)") for up in r["up"]]
+                      for strategy in transfer for r in strategy["rounds"]])
+    assert all(coded < packed for packed, coded in zip(sizes[0][0], sizes[1][0]))  # one-shot uploads
     assert transfers[0] == transfers[1]  # the rest: downloads, parameters, the final global file
