@@ -156,8 +156,7 @@ def test_real_run_then_reruns_only_what_changed(workdir):
     # client 2 is not a Local-only client here: Dense, Centralized and Local-only stay
     assert jobs["evaluate_perplexity"] == 4 and "evaluate_dense" not in jobs
     assert jobs["zeroshot"] == 2 and "zeroshot_dense" not in jobs  # FedPrLLM layer and column
-    shard.write_bytes(original)  # the same content again: nothing to do (the privacy targets below run here)
-    assert "Nothing to be done" in snakemake(workdir, "--configfile", "config.yaml", "-n")
+    shard.write_bytes(original)  # the same content again (the privacy targets below run in this folder)
 
 
 def test_html_report_renders_in_a_browser(workdir):
