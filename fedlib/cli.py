@@ -101,56 +101,18 @@ def cmd_client_data(args) -> None:
 
 
 def cmd_client_mask(args) -> None:
-    import dataclasses
-
-    from fedlib.client import prune_locally
     from fedlib.data import load_tokens
-    from fedlib.maskcode import MagnitudeReference
-    from fedlib.maskfile import MaskWriter
-    from fedlib.methods import method_allocation
+    from fedlib.uploads import write_client_mask
 
     start = time.perf_counter()
     handle, placement = open_placed(args)
-    ids = None
-    if args.calib:
-        ids, _ = load_tokens(Path(args.calib))
-    pruning = pruning_from_args(args, placement)
-    layers = handle.layers()
-    if args.round is not None:
-        layers = [info for info in layers if info.block == args.round]
-        if not layers:
-            raise ValueError(f"--round {args.round}: the model has blocks 0..{handle.n_blocks - 1}")
-    elif args.global_masks or args.scale:
-        raise ValueError("--global-masks and --scale belong to a round of iterative FedPrLLM (give --round)")
-    extra = {"method_options": json.dumps(pruning.options), "dtype": args.dtype}
-    target = dp_target_from_args(args)
-    if target is not None and target.enabled:
-        from fedlib.privacy.dp import dp_method, fresh_noise_seed
-
-        if args.round is not None or pruning.options:
-            raise ValueError("--dp-epsilon: DP masks are one-shot Wanda without method options (no --round: "
-                             "composition over rounds is not accounted)")
-        noise_seed = fresh_noise_seed() if args.dp_noise_seed is None else args.dp_noise_seed
-        method, guarantee = dp_method(args.method, target, [info.name for info in layers], noise_seed)
-        pruning = dataclasses.replace(pruning, method=method)
-        extra["dp"] = guarantee.header()
-        print(f"DP: {guarantee.header()}")
-    with MaskWriter(
-        Path(args.out), layers, fingerprint=handle.fingerprint(), role="client", client_id=args.client_id,
-        method=args.method, group=args.group, sparsity=args.sparsity,
-        allocation=method_allocation(args.method), n_samples=0 if ids is None else ids.shape[0],
-        seed=args.seed, extra=extra, format_version=args.format_version,
-        reference=MagnitudeReference.of_model(handle) if args.format_version == 2 else None,
-    ) as writer:
-        opened = time.perf_counter()
-        if args.round is None:
-            # masks go to the file block by block: a 7B client never holds all of them
-            prune_locally(handle, ids, pruning, keep=False,
-                          on_block=lambda _i, decision: [writer.add(n, m) for n, m in decision.masks.items()])
-        else:
-            _iterative_client_round(args, handle, ids, pruning, writer)
+    ids = load_tokens(Path(args.calib))[0] if args.calib else None
+    opened = time.perf_counter()
+    blocks = write_client_mask(
+        handle, ids, Path(args.out), pruning_from_args(args, placement), client_id=args.client_id,
+        format_version=args.format_version, round_index=args.round, global_masks=args.global_masks,
+        scale=args.scale, dp=dp_target_from_args(args), dp_noise_seed=args.dp_noise_seed, dtype=args.dtype)
     done = time.perf_counter()
-    blocks = handle.n_blocks if args.round is None else args.round + 1
     device_peak = ""
     if placement.device.type == "cuda":
         import torch
@@ -159,36 +121,6 @@ def cmd_client_mask(args) -> None:
     print(f"wrote {args.out} ({args.method}, {args.group}, {args.sparsity}) on {placement.label} "
           f"in {done - start:.1f}s ({(done - opened) / blocks:.2f}s per block, opened in {opened - start:.1f}s"
           f"{device_peak})")
-
-
-def _iterative_client_round(args, handle, ids, pruning, writer) -> None:
-    """Round ``args.round`` of iterative FedPrLLM: block ``round``'s masks, its input through
-    the global masks (and, with ``--scale``, the scale factors) of the earlier blocks."""
-    from fedlib.federation import iterative_client
-    from fedlib.maskfile import MaskFile, MaskFileError
-    from fedlib.server.fedprllm import scale_factors
-
-    settled = [info for info in handle.layers() if info.block < args.round]
-    global_masks, factors = {}, {}
-    if settled:
-        if not args.global_masks:
-            raise ValueError(f"--round {args.round}: give --global-masks, the server's file of rounds "
-                             f"0..{args.round - 1}")
-        current = MaskFile(Path(args.global_masks), handle.fingerprint(), settled, whole_model=False)
-        if current.header.role != "global":
-            raise MaskFileError(args.global_masks, "role", f"expected 'global', got {current.header.role!r}")
-        global_masks = current.masks()
-        if args.scale:
-            if not current.has_votes():
-                raise MaskFileError(args.global_masks, "votes", "--scale needs the global file's vote counts")
-            factors = {info.name: scale_factors(current.layer_votes(info.name, global_masks[info.name]),
-                                                current.header.n_clients)
-                       for info in settled}
-    elif args.global_masks:
-        raise ValueError("--round 0 starts from the dense model: no --global-masks")
-    masks = iterative_client(handle, ids, args.round, pruning, global_masks=global_masks, factors=factors)
-    for name, mask in masks.items():
-        writer.add(name, mask)
 
 
 def strategy_from_args(args):
@@ -273,34 +205,14 @@ def aggregation_report_path(args) -> Path:
 
 def cmd_client_weights(args) -> None:
     from fedlib.data import load_tokens
-    from fedlib.federation import fedspallm_client
-    from fedlib.weightfile import WeightFileWriter, open_weight_file
+    from fedlib.uploads import write_client_weights
 
     start = time.perf_counter()
     handle, placement = open_placed(args)
-    layers, base = handle.layers(), handle.fingerprint()
-    ids, _ = load_tokens(Path(args.calib))
-    blocks = sorted(set(args.blocks))
-    if blocks[0] < 0 or blocks[-1] >= handle.n_blocks:
-        raise ValueError(f"--blocks {blocks}: the model has blocks 0..{handle.n_blocks - 1}")
-    global_masks, global_weights = {}, {}
-    if args.global_weights:
-        # the current global state of the assigned blocks (Algorithm 1, line 6); others stay dense
-        current = open_weight_file(Path(args.global_weights), base, layers)
-        for info in layers:
-            if info.block in blocks and current.has_layer(info.name):
-                global_masks[info.name] = current.layer_mask(info.name)
-                global_weights[info.name] = current.layer_weight(info.name, global_masks[info.name])
-    mine = [info for info in layers if info.block in blocks]
-    with WeightFileWriter(
-        Path(args.out), mine, fingerprint=base, role="client", client_id=args.client_id, method=args.method,
-        group=args.group, sparsity=args.sparsity, n_samples=ids.shape[0], seed=args.seed,
-        weight_dtype=args.weight_dtype, round_index=args.round,
-    ) as writer:
-        fedspallm_client(handle, ids, blocks, pruning_from_args(args, placement), global_weights=global_weights,
-                         global_masks=global_masks, keep=False,
-                         on_block=lambda _i, upload: [writer.add_layer(n, m, upload.weights[n])
-                                                      for n, m in upload.masks.items()])
+    blocks = write_client_weights(
+        handle, load_tokens(Path(args.calib))[0], Path(args.out), pruning_from_args(args, placement),
+        blocks=args.blocks, client_id=args.client_id, round_index=args.round, weight_dtype=args.weight_dtype,
+        global_weights=Path(args.global_weights) if args.global_weights else None)
     print(f"wrote {args.out}: blocks {blocks}, round {args.round}, in {time.perf_counter() - start:.1f}s")
 
 

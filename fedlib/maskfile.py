@@ -494,12 +494,14 @@ _PARSE = {
 #: randomized-response defence records its epsilon and what its votes are; the robust server
 #: (:mod:`fedlib.server.robust`) its rule and the clients whose votes it did not count. Weight files
 #: (:mod:`fedlib.weightfile`): payload, weight dtype and round; a global one also the blocks no
-#: upload covered and (``fedlib aggregate``) the expansion rounding.
+#: upload covered and (``fedlib aggregate``) the expansion rounding. A global file of a networked
+#: round (``flower/``) names the federation's clients whose upload it lacks (``absent_clients``: no
+#: answer by the round's deadline, or refused).
 EXTRAS = {
     ("client", "mask"): ((), ("method_options", "dtype", "dp")),
-    ("global", "mask"): ((), ("rr_epsilon_per_bit", "votes", "robust", "excluded_clients")),
+    ("global", "mask"): ((), ("rr_epsilon_per_bit", "votes", "robust", "excluded_clients", "absent_clients")),
     ("client", PAYLOAD): (("payload", "weight_dtype", "round"), ()),
-    ("global", PAYLOAD): (("payload", "weight_dtype", "round", "uncovered_blocks"), ("rounding",)),
+    ("global", PAYLOAD): (("payload", "weight_dtype", "round", "uncovered_blocks"), ("rounding", "absent_clients")),
 }
 #: optional fields a writer records together or not at all
 PAIRED_EXTRAS = (("robust", "excluded_clients"),)
@@ -510,6 +512,7 @@ _PARSE_EXTRA = {
     "votes": _text,
     "robust": _robust_rule,
     "excluded_clients": lambda t: _canonical_json(t, _client_list),
+    "absent_clients": lambda t: _canonical_json(t, _client_list),
     "payload": _one_of(PAYLOAD),
     "weight_dtype": _one_of(*WEIGHT_DTYPES),
     "round": _count,
@@ -712,15 +715,19 @@ def _check_tensors(header: MaskHeader, entries: dict, meta: dict, head: bytes, s
 
 def _payload_bytes(header: MaskHeader, layer: dict, entries: dict, path: Path) -> int:
     """The length of a layer's ``mask:`` tensor: its packed bits (version 1), or what the file
-    says (version 2's coded layers vary), if it says it as a 1-D length within the file."""
+    says (version 2's coded layers vary), if it says it as a 1-D length within the file: at
+    least the layer's probability table (2 bytes per bucket), so an empty layer is refused here."""
     if header.format_version == 1:
         return (math.prod(layer["shape"]) + 7) // 8
+    from fedlib.maskcode import n_buckets
+
     name = f"mask:{layer['name']}"
     shape = entries.get(name, {}).get("shape") if isinstance(entries.get(name), dict) else None
-    if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int and 0 <= shape[0] <= MAX_HEADER_BYTES
-            and shape[0] <= math.prod(layer["shape"]) + 1024):
+    low, high = 2 * n_buckets(tuple(layer["shape"]), header.group), math.prod(layer["shape"]) + 1024
+    if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int and low <= shape[0] <= high
+            and shape[0] <= MAX_HEADER_BYTES):
         raise MaskFileError(path, name, f"expected a coded layer: uint8 of shape [bytes], bytes in "
-                                        f"0..{math.prod(layer['shape']) + 1024}, got {_show(entries.get(name), 120)}")
+                                        f"{low}..{high}, got {_show(entries.get(name), 120)}")
     return shape[0]
 
 

@@ -802,3 +802,31 @@ def test_fuzz_hostile_files(corpus):
     assert stats["bits", "accepted"] and stats["claims", "accepted"] and stats["flip-data", "accepted"]
     # and every seed, version 2's coded file among them, gives both valid and hostile files
     assert all(by_seed[name, "accepted"] and by_seed[name, "refused"] for name in corpus.seeds), by_seed
+
+
+@pytest.mark.parametrize("short", [0, 1, 2, "table - 1"])
+def test_a_coded_layer_shorter_than_its_table_is_refused(corpus, short):
+    """A version 2 layer of fewer bytes than its probability table (2 bytes per bucket, min(64,
+    row length) buckets of a row group), 0 included, laid out canonically, is refused naming the
+    file and the layer's ``mask:`` field, never with torch's own error."""
+    seed = corpus.seeds["wanda-v2"]
+    header, body = seed.header(), seed.data[seed.header_end:]
+    layer = corpus.layers[0]
+    table = 2 * min(64, layer.shape[1])
+    length = table - 1 if short == "table - 1" else short
+    name = f"mask:{layer.name}"
+    chunks = {key: body[entry["data_offsets"][0]:entry["data_offsets"][1]]
+              for key, entry in header.items() if key != "__metadata__"}
+    chunks[name] = chunks[name][:length]
+    header[name]["shape"] = [length]
+    offset, data = 0, b""
+    for key in sorted(chunks):  # contiguous, in name order, as the writer lays them out
+        header[key]["data_offsets"] = [offset, offset + len(chunks[key])]
+        offset, data = offset + len(chunks[key]), data + chunks[key]
+    path = corpus.root / f"short-{length}.safetensors"
+    path.write_bytes(encode(header, data))
+    assert not is_valid(path.read_bytes(), corpus, "mask", corpus.root)
+    error = read_all(path, corpus, "mask")
+    assert isinstance(error, MaskFileError) and error.path == str(path) and error.field == name, error
+    assert f"bytes in {table}.." in str(error)
+    path.unlink()

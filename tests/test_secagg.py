@@ -11,7 +11,7 @@ from fedlib.models import fingerprint, prunable_layers
 from fedlib.server import FedPrLLM
 from fedlib.server.fedprllm import global_mask_from_votes
 from fedlib.server.secagg import (
-    SecAggError, _Randomness, modulus_bits, pack_words, secure_vote_counts, setup_round, shamir_combine,
+    SecAggClient, SecAggError, _Randomness, modulus_bits, pack_words, secure_vote_counts, setup_round, shamir_combine,
     shamir_split, unpack_words,
 )
 
@@ -46,11 +46,14 @@ def test_dropouts_leave_the_survivors_sum(n, dropped, threshold):
 
 def test_too_few_survivors_or_shares_give_no_result():
     masks = [{"a": torch.ones(10, dtype=torch.bool)} for _ in range(5)]
-    with pytest.raises(SecAggError, match="2 surviving clients, the threshold is 3"):
+    # the survivors themselves refuse to reveal below the threshold (SecAgg's client-side check)
+    with pytest.raises(SecAggError, match=r"survivors \[3, 4\] are not 3 or more"):
         secure_vote_counts(masks, ["a"], threshold=3, dropped=[0, 1, 2])
     clients, server = setup_round(5, threshold=3, seed=0)
     survivors = [0, 1, 2, 3, 4]
     uploads = {j: clients[j].masked_upload("a", masks[j]["a"]) for j in survivors}
+    with pytest.raises(SecAggError, match="2 surviving clients, the threshold is 3"):
+        server.unmask("a", {j: uploads[j] for j in (3, 4)}, {})
     reveals = {j: clients[j].reveal(survivors) for j in survivors}
     # each survivor reveals one share per client, of the self seed only (nobody dropped)
     assert all({kind for kind, _ in r.values()} == {"self"} and len(r) == 5 for r in reveals.values())
@@ -72,6 +75,40 @@ def test_a_dropped_client_is_revealed_by_key_share_not_self_share():
     r = clients[0].reveal([0, 1, 3])
     assert r[1][0] == "self" and r[3][0] == "self" and r[2][0] == "key"
     assert r[2][1] == clients[0].held_shares[2][0]  # the share of client 2's private key
+    with pytest.raises(SecAggError, match="already revealed"):  # asked again, e.g. for client 2's seed share
+        clients[0].reveal([0, 1, 2, 3])
+
+
+def test_shares_travel_encrypted_to_their_recipient_only():
+    """Each client's shares reach the others as ChaCha20-Poly1305 ciphertexts under a key of the
+    pair's *share* keys: the plain share values are not in what the server relays, a ciphertext
+    altered or delivered to another client is refused, and a client's state survives a round trip
+    through plain values (what a Flower ClientApp keeps between the steps)."""
+    rng = _Randomness(4)
+    clients = [SecAggClient.create(i, 3, rng) for i in range(3)]
+    advertised = {c.index: c.advertise() for c in clients}
+    outboxes = {c.index: c.share_secrets(advertised, 2, rng) for c in clients}
+    relayed = b"".join(data for box in outboxes.values() for data in box.values())
+    for c in clients:
+        c.receive_shares({sender: box[c.index] for sender, box in outboxes.items()})
+    for holder in clients:
+        for _, (sk, b) in holder.held_shares.items():
+            assert sk[1].to_bytes(66, "little") not in relayed and b[1].to_bytes(66, "little") not in relayed
+    # any two holders rebuild client 0's self seed, as Shamir 2-of-3
+    assert shamir_combine([clients[1].held_shares[0][1], clients[2].held_shares[0][1]]) == clients[0].self_seed
+    fresh = SecAggClient.create(1, 3, _Randomness(4))
+    with pytest.raises(SecAggError, match="relayed other public keys"):
+        fresh.share_secrets(advertised, 2, rng)
+    tampered = bytearray(outboxes[0][1])
+    tampered[0] ^= 1
+    with pytest.raises(SecAggError, match="from client 0 does not decrypt"):
+        clients[1].receive_shares({0: bytes(tampered)})
+    with pytest.raises(SecAggError, match="from client 0 does not decrypt"):
+        clients[2].receive_shares({0: outboxes[0][1]})  # meant for client 1
+    again = SecAggClient.from_record(clients[1].to_record())
+    assert again.held_shares == clients[1].held_shares and again.advertise() == clients[1].advertise()
+    mask = torch.rand(50, generator=torch.Generator().manual_seed(1)) < 0.5
+    assert np.array_equal(again.masked_upload("w", mask), clients[1].masked_upload("w", mask))
 
 
 def test_shamir_threshold():

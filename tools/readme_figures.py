@@ -46,6 +46,25 @@ def precision(data: dict) -> str:
     return "\n".join(lines)
 
 
+def hessian_dtype(data: dict) -> str:
+    """SparseGPT's Hessian and update in float32 vs float64 (benchmarks/bench_hessian_dtype.py)."""
+    cal, ev = data["calibration"], data["evaluation"]
+    lines = [
+        f"{data['model']}, {cal['samples']} × {cal['seqlen']} {cal['dataset']} calibration tokens; perplexity on "
+        f"{ev['windows']} {ev['dataset']} windows of {ev['seqlen']} tokens, each model with its own run's mask and "
+        f"updated weights (dense {data['dense_ppl']:.2f}). Commit {data.get('commit', '?')}; {_machine(data)}, "
+        f"{data['threads']} thread(s).",
+        "",
+        "| method | group | sparsity | masks agree | weights that differ | ppl, float64 | ppl, float32 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in data["methods"]:
+        lines.append(
+            f"| {r['method']} | {r['group']} | {r['sparsity']:.0%} | {r['agreement']:.3%} | {r['differing_weights']:,} "
+            f"| {r['ppl_float64']:.2f} | {r['ppl_float32']:.2f} ({r['ppl_relative_difference']:+.2%}) |")
+    return "\n".join(lines)
+
+
 def scale(data: dict) -> str:
     """Client and server at the embedded model's and at LLaMA-2-7B's shape (benchmarks/bench_scale.py)."""
     load = data.get("load", {})
@@ -114,6 +133,25 @@ def secagg(data: dict) -> str:
               f"| {r['server_unmask_seconds']:.1f} s ({r['server_unmask_one_dropout_seconds']:.1f} s) "
               f"| {r['plain_vote_count_seconds']:.1f} s | {r['client_upload_bytes'] / 2**20:.1f} MiB "
               f"| {r['upload_vs_plain_packed']:.1f}× |" for r in data["records"]]
+    return "\n".join(lines)
+
+
+def flower(data: dict) -> str:
+    """fedlib over Flower on localhost, embedded model, the default federation (benchmarks/bench_flower.py)."""
+    mib = 2 ** 20
+    lines = [f"{data['model']}, {data['clients']} sites x {data['samples_per_client']} x {data['seqlen']} C4 tokens, "
+             f"{data['method']} {data['local_group']} {data['sparsity']:.0%}, server {data['mode']} "
+             f"{data['server_group']}; at most {data['parallel']} sites computing at once, {data['threads_per_site']} "
+             f"torch thread each; {data['note']}. {_provenance(data)}", "",
+             "| uploads | rounds | s per round | payload down / up | Flower traffic in / out | coordinator peak "
+             "| site ClientApp peak | SuperLink peak | SuperNode peak | global file equals |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['rounds']} | {r['seconds_per_round']:.0f} s "
+              f"| {r['bytes_down'] / mib:.1f} / {r['bytes_up'] / mib:.1f} MiB "
+              f"| {r['flower_inbound_bytes'] / mib:.1f} / {r['flower_outbound_bytes'] / mib:.1f} MiB "
+              f"| {r['coordinator_peak_rss_mib']:,.0f} MiB | {r['client_peak_rss_mib']:,.0f} MiB "
+              f"| {r['superlink_peak_rss_mib']:,.0f} MiB | {r['supernode_peak_rss_mib']:,.0f} MiB "
+              f"| {r['same_bytes_as']} |" for r in data["records"]]
     return "\n".join(lines)
 
 
@@ -340,11 +378,13 @@ def _load(path: Path):
 
 SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "precision": (REPO / "benchmarks/results/precision.json", precision),
+    "hessian-dtype": (REPO / "benchmarks/results/hessian_dtype.json", hessian_dtype),
     "scale": (REPO / "benchmarks/results/scale.json", scale),
     "client-mask": (REPO / "benchmarks/results/client_mask.json", client_mask),
     "server": (REPO / "benchmarks/results/server.json", server),
     "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
     "secagg": (REPO / "benchmarks/results/secagg.json", secagg),
+    "flower": (REPO / "benchmarks/results/flower.json", flower),
     "perplexity": (REPO / "benchmarks/results/perplexity.json", perplexity),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),

@@ -20,7 +20,7 @@ mask and counts to the output as it goes.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,6 +99,12 @@ class VoteCount(LayerAggregator):
         self.true += mask.to(torch.int16)
         if self.reported is not None:
             self.reported += self.strategy.hook.client_mask(client_id, self.info.name, mask).to(torch.int16)
+
+    def add_counts(self, counts: torch.Tensor) -> None:
+        """Votes already summed over clients (what secure aggregation gives the server)."""
+        if self.reported is not None:
+            raise ValueError(f"{self.info.name}: a hook that randomizes each client's bits needs them one by one")
+        self.true += counts.reshape(self.info.shape).to(torch.int16)
 
     def finish(self) -> LayerResult:
         s, info, n = self.strategy, self.info, self.n_clients
@@ -195,8 +201,7 @@ class FedPrLLM(Strategy):
                 [info for info in layers if info.block == round_index])
 
     def open_previous(self, path: Path | None, fingerprint: str, settled: Sequence[LayerInfo],
-                      clients: Sequence[MaskFile], cohort: Mapping[str, object],
-                      round_index: int | None) -> MaskFile | None:
+                      n_clients: int, cohort: Mapping[str, object], round_index: int | None) -> MaskFile | None:
         """The global file of the earlier rounds of an iterative federation: it holds exactly the
         settled blocks' layers, with votes, from the same server settings and number of clients."""
         if not settled:
@@ -208,7 +213,7 @@ class FedPrLLM(Strategy):
                              f"0..{round_index - 1} (give it as the previous file)")
         previous = MaskFile(path, fingerprint, settled, whole_model=False)
         expected = {"role": "global", "method": self.global_method(cohort["method"]), "group": self.group,
-                    "sparsity": self.sparsity, "allocation": cohort["allocation"], "n_clients": len(clients)}
+                    "sparsity": self.sparsity, "allocation": cohort["allocation"], "n_clients": n_clients}
         for name, value in expected.items():
             if getattr(previous.header, name) != value:
                 raise MaskFileError(path, name, f"expected {value!r} (this round's server and clients), "
@@ -219,19 +224,19 @@ class FedPrLLM(Strategy):
 
     def aggregate(self, paths: Sequence[Path], fingerprint: str, layers: Sequence[LayerInfo], out: Path,
                   *, round_index: int | None = None, previous: Path | None = None,
-                  cohort: Mapping[str, object] | None = None, reference=None) -> dict:
+                  cohort: Mapping[str, object] | None = None, reference=None, absent: Sequence[str] = ()) -> dict:
         """One round from client files. One-shot: the clients' files cover every layer.
         Iterative round ``l``: they cover block ``l``; the output is ``previous`` (blocks < l)
         plus block ``l``, so the last round's file is the whole global mask. ``reference``:
-        the public model's, for clients that send version 2 files. The summary's
+        the public model's, for clients that send version 2 files. ``absent``: clients of the
+        federation whose upload this round lacks, recorded in the global file. The summary's
         ``clients`` is the outlier report (:func:`fedlib.server.robust.client_report`; None when a
         hook randomizes what clients report: the server never sees their true bits)."""
         if isinstance(self.sparsity, Mapping):
             raise ValueError("fedprllm: file aggregation takes one server sparsity (a float)")
         settled, current = self.round_layers(layers, round_index)
         files, agreed = self.open_clients(paths, fingerprint, current, cohort, reference)
-        earlier = self.open_previous(previous, fingerprint, settled, files, agreed, round_index)
-        allocation = agreed["allocation"]
+        earlier = self.open_previous(previous, fingerprint, settled, len(files), agreed, round_index)
         hook = self.hook or VoteHook()
         if self.robust and hook.randomizes_clients:
             raise ValueError("fedprllm: robust screening needs the clients' own bits, a hook randomizes them")
@@ -245,26 +250,44 @@ class FedPrLLM(Strategy):
             kept = [f for f in files if not screening.flagged[f.header.client_id]]
             excluded = sorted(f.header.client_id for f in files if screening.flagged[f.header.client_id])
             extra = {**extra, "robust": f"{rule.name}:k={rule.k}", "excluded_clients": json.dumps(excluded)}
-        with MaskWriter(
-            out, settled + current, fingerprint=fingerprint, role="global", client_id="server",
-            method=self.global_method(agreed["method"]), group=self.group, sparsity=self.sparsity,
-            allocation=allocation, n_samples=sum(f.header.n_samples for f in kept), seed=self.seed,
-            n_clients=len(kept), votes=True, extra=extra or None,
-        ) as writer:
-            for info in settled:
-                mask = earlier.layer_mask(info.name)
-                writer.add(info.name, mask, earlier.layer_votes(info.name, mask))
-            for info in progress.track(current, "layer"):  # one layer at a time, clients' files to the global file
-                layer = self.layer_aggregator(info, len(kept), allocation)
-                for f in kept:
-                    layer.add(f.header.client_id, f.layer_mask(info.name))
-                result = layer.finish()
-                writer.add(info.name, result.mask, result.votes)
-                if distance is not None and not self.robust:  # every client voted: the counts are theirs
-                    distance.add_layer(info.name, counts=layer.true)
+
+        def vote(info: LayerInfo, layer: VoteCount) -> None:  # from the clients' files, one layer at a time
+            for f in kept:
+                layer.add(f.header.client_id, f.layer_mask(info.name))
+            if distance is not None and not self.robust:  # every client voted: the counts are theirs
+                distance.add_layer(info.name, counts=layer.true)
+
+        self.write_round(out, fingerprint, settled, current, earlier, agreed, len(kept),
+                         sum(f.header.n_samples for f in kept), extra, vote, absent)
         report = None
         if distance is not None:
             screening = screening or rule.screen(distance.distances())
             report = client_report(files, distance, screening, {f.header.client_id for f in kept}, bool(self.robust))
         return {"n_clients": len(files), "n_used": len(kept), "group": self.group, "sparsity": self.sparsity,
-                "allocation": allocation, "mode": self.mode, "layers": len(current), "clients": report}
+                "allocation": agreed["allocation"], "mode": self.mode, "layers": len(current), "clients": report}
+
+    def write_round(self, out: Path, fingerprint: str, settled: Sequence[LayerInfo], current: Sequence[LayerInfo],
+                    earlier: MaskFile | None, cohort: Mapping[str, object], n_clients: int, n_samples: int,
+                    extra: Mapping[str, str], vote: Callable[[LayerInfo, VoteCount], None],
+                    absent: Sequence[str] = ()) -> None:
+        """Write a round's global file: the ``settled`` layers copied from ``earlier`` (the global
+        file of the earlier rounds), then each layer of ``current`` selected from the votes
+        ``vote(info, layer)`` adds to its :class:`VoteCount` (from client files, or the sums
+        secure aggregation unmasks), for ``n_clients`` clients of ``cohort`` with ``n_samples``
+        samples in all. ``absent``: clients of the federation whose upload this round lacks."""
+        if absent:
+            extra = {**extra, "absent_clients": json.dumps(sorted(absent))}
+        with MaskWriter(
+            out, list(settled) + list(current), fingerprint=fingerprint, role="global", client_id="server",
+            method=self.global_method(cohort["method"]), group=self.group, sparsity=self.sparsity,
+            allocation=cohort["allocation"], n_samples=n_samples, seed=self.seed, n_clients=n_clients, votes=True,
+            extra=extra or None,
+        ) as writer:
+            for info in settled:
+                mask = earlier.layer_mask(info.name)
+                writer.add(info.name, mask, earlier.layer_votes(info.name, mask))
+            for info in progress.track(current, "layer"):  # one layer at a time, the votes to the global file
+                layer = self.layer_aggregator(info, n_clients, cohort["allocation"])
+                vote(info, layer)
+                result = layer.finish()
+                writer.add(info.name, result.mask, result.votes)

@@ -335,11 +335,13 @@ class FedSpaLLM(Strategy):
         round_index: int | None = None,
         assigned: Sequence[Sequence[int]] | None = None,
         cohort: Mapping[str, object] | None = None,
+        absent: Sequence[str] = (),
     ) -> dict:
         """ℓ0-aggregate and expand every layer some upload covers; layers no upload covers are
         copied from ``previous`` (the last round's global file) when given. ``assigned[i]`` is
         checked against the blocks of ``paths[i]``; ``round_index`` against each file's round.
-        A client missing from a round (dropout) only means fewer senders for its blocks."""
+        A client missing from a round (dropout) only means fewer senders for its blocks; ``absent``
+        names such clients in the global file."""
         if not paths:
             raise ValueError("aggregate needs at least one client weight file")
         if assigned is not None and len(assigned) != len(paths):
@@ -385,7 +387,8 @@ class FedSpaLLM(Strategy):
             sparsity=self.sparsity, n_samples=sum(f.header.n_samples for f in files), seed=self.seed,
             n_clients=max(len(files), prev.header.n_clients if prev is not None else 0),
             weight_dtype="float32", round_index=round_value, votes=votes,
-            extra={"rounding": self.rounding, "uncovered_blocks": json.dumps(uncovered)},
+            extra={"rounding": self.rounding, "uncovered_blocks": json.dumps(uncovered),
+                   **({"absent_clients": json.dumps(sorted(absent))} if absent else {})},
         )
         screening = screening_rule(None).screen(distance.distances())
         return {"n_clients": len(files), "group": self.group, "sparsity": self.sparsity,

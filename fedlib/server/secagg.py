@@ -18,14 +18,19 @@ process with real cryptography (the ``cryptography`` package):
   and the dropped clients' pair masks with the survivors and removes them. With fewer than t
   survivors the round fails (an error, no result).
 
-Simulated, and what is not handled: shares are handed to their recipients directly (a real
-deployment encrypts them pairwise and relays them through the server, with signatures against
-an active server); the graph is complete (SecAgg+'s sparse k-regular graph, Bell et al. 2020,
+Shares travel encrypted: every client has a second X25519 key pair for that alone (the masking
+key is revealed when a client drops out, so it must not also protect the shares), and sends each
+other client its two shares under ChaCha20-Poly1305 keyed by HKDF of their share keys, relayed by
+the server (:meth:`SecAggClient.share_secrets`, :meth:`SecAggClient.receive_shares`). Every round
+uses fresh secrets. :func:`setup_round` runs the steps in one process; ``flower/`` runs them over
+the network, one message per step. What is not handled: the relayed public keys are not signed
+(SecAgg's active-server variant signs them against a PKI), so an active server that substitutes
+keys is out of scope; the graph is complete (SecAgg+'s sparse k-regular graph, Bell et al. 2020,
 which cuts each client's cost from O(n) to O(log n) pair streams, is not implemented); clients
 that drop out after uploading (before revealing) are covered while t of them reveal. All secret
 material (private keys, self-mask seeds, Shamir coefficients) comes from a ChaCha20 generator
 keyed by the round seed, so a simulated round is reproducible; ``seed=None`` draws it from the
-OS (os.urandom) as a deployment would.
+OS (os.urandom) as a deployment does.
 
 The server's result equals plain vote counting bit for bit (tests/test_secagg.py); the global
 mask is then FedPrLLM's selection on those counts (:func:`fedlib.server.fedprllm.global_mask_from_votes`).
@@ -41,7 +46,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
@@ -145,22 +152,113 @@ def _pair_sign(i: int, j: int) -> int:
     return 1 if i < j else -1
 
 
+#: bytes of one Shamir share's value (an element of the field 2^521 - 1)
+SHARE_BYTES = 66
+
+
+def _share_cipher(own: X25519PrivateKey, other: bytes, i: int, j: int) -> ChaCha20Poly1305:
+    """The AEAD that carries Shamir shares between clients i and j through the server: a key from
+    X25519 of their *share* keys (never the masking keys, which a dropout reveals)."""
+    lo, hi = sorted((i, j))
+    shared = own.exchange(X25519PublicKey.from_public_bytes(other))
+    info = b"fedlib-secagg share" + lo.to_bytes(4, "little") + hi.to_bytes(4, "little")
+    return ChaCha20Poly1305(HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared))
+
+
+def _share_nonce(sender: int, recipient: int) -> bytes:
+    # one key per pair and round, two directions: the direction makes each nonce unique
+    return sender.to_bytes(4, "little") + recipient.to_bytes(4, "little") + bytes(4)
+
+
 @dataclass
 class SecAggClient:
-    """One client's side: its secrets, the shares it holds of the others' secrets, its uploads."""
+    """One client's side of a round: its secrets, the shares it holds of the others' secrets,
+    its uploads. The steps, in order: :meth:`advertise` (public keys), :meth:`share_secrets`
+    (encrypted shares for every client, relayed by the server), :meth:`receive_shares`,
+    :meth:`masked_upload` per layer, :meth:`reveal` (once)."""
 
     index: int
+    #: the masking key: pair keys with the others; Shamir-shared, revealed if this client drops out
     private_key: X25519PrivateKey
     self_seed: bytes
     bits: int
+    #: encrypts the shares this client sends and receives; never shared
+    share_key: X25519PrivateKey | None = None
     public_keys: dict[int, bytes] = field(default_factory=dict)
+    #: the others' share public keys (to decrypt what they sent)
+    share_public_keys: dict[int, bytes] = field(default_factory=dict)
+    threshold: int = 0
     #: sender index -> (share of the sender's private key, share of its self-mask seed)
     held_shares: dict[int, tuple[tuple[int, int], tuple[int, int]]] = field(default_factory=dict)
+    revealed: bool = False
     _pair_keys: dict[int, bytes] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def create(cls, index: int, n_clients: int, rng: "_Randomness | None" = None) -> "SecAggClient":
+        """Fresh secrets for one round (a new client for every round: nothing is reused), from
+        ``rng`` (a seeded simulation) or the OS."""
+        rng = rng or _Randomness(None)
+        return cls(index, X25519PrivateKey.from_private_bytes(rng.bytes(32)), rng.bytes(32),
+                   modulus_bits(n_clients), X25519PrivateKey.from_private_bytes(rng.bytes(32)))
 
     @property
     def public_key(self) -> bytes:
         return _raw(self.private_key.public_key())
+
+    def advertise(self) -> tuple[bytes, bytes]:
+        """(share public key, masking public key): what the server relays to every client."""
+        return _raw(self.share_key.public_key()), self.public_key
+
+    def share_secrets(self, advertised: Mapping[int, tuple[bytes, bytes]], threshold: int,
+                      rng: "_Randomness | None" = None) -> dict[int, bytes]:
+        """Keep the round's public keys; Shamir-split the masking key and the self-mask seed
+        t-of-n; one ciphertext per client (itself included), each readable by its recipient only."""
+        if advertised.get(self.index) != self.advertise():
+            raise SecAggError(f"client {self.index}: the server relayed other public keys than this client's")
+        if not 1 <= threshold <= len(advertised):
+            raise SecAggError(f"threshold must be in 1..{len(advertised)}, got {threshold}")
+        rng = rng or _Randomness(None)
+        self.threshold = int(threshold)
+        self.share_public_keys = {j: c for j, (c, _) in advertised.items()}
+        self.public_keys = {j: s for j, (_, s) in advertised.items()}
+        raw = self.private_key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                             serialization.NoEncryption())
+        holders = max(advertised) + 1  # share x = holder index + 1
+        sk_shares = shamir_split(raw, holders, threshold, rng)
+        b_shares = shamir_split(self.self_seed, holders, threshold, rng)
+        out = {}
+        for j in sorted(advertised):
+            plain = sk_shares[j][1].to_bytes(SHARE_BYTES, "little") + b_shares[j][1].to_bytes(SHARE_BYTES, "little")
+            cipher = _share_cipher(self.share_key, self.share_public_keys[j], self.index, j)
+            out[j] = cipher.encrypt(_share_nonce(self.index, j), plain, None)
+        return out
+
+    def receive_shares(self, inbox: Mapping[int, bytes]) -> None:
+        """Decrypt the shares the others sent this client (sender index -> ciphertext)."""
+        x = self.index + 1
+        for sender, data in sorted(inbox.items()):
+            if sender not in self.share_public_keys:
+                raise SecAggError(f"client {self.index}: a share from {sender}, who advertised no key this round")
+            cipher = _share_cipher(self.share_key, self.share_public_keys[sender], self.index, sender)
+            try:
+                plain = cipher.decrypt(_share_nonce(sender, self.index), bytes(data), None)
+            except InvalidTag:
+                raise SecAggError(f"client {self.index}: the share from client {sender} does not decrypt "
+                                  "(altered in transit, or not meant for this client)") from None
+            self.held_shares[sender] = ((x, int.from_bytes(plain[:SHARE_BYTES], "little")),
+                                        (x, int.from_bytes(plain[SHARE_BYTES:], "little")))
+
+    def restrict(self, clients: Sequence[int]) -> None:
+        """Keep the clients whose shares the server delivered (SecAgg's U2): pair masks with
+        them only; a client that advertised keys but shared nothing is not in the round."""
+        keep = set(clients)
+        if self.index not in keep or not keep <= set(self.public_keys) or not keep <= set(self.held_shares):
+            raise SecAggError(f"client {self.index}: the round's clients {sorted(keep)} are not clients whose "
+                              f"shares it holds ({sorted(self.held_shares)})")
+        if len(keep) < self.threshold:
+            raise SecAggError(f"client {self.index}: {len(keep)} clients in the round, the threshold is {self.threshold}")
+        self.public_keys = {j: k for j, k in self.public_keys.items() if j in keep}
+        self.held_shares = {j: v for j, v in self.held_shares.items() if j in keep}
 
     def _pair(self, j: int) -> bytes:
         if j not in self._pair_keys:
@@ -187,10 +285,47 @@ class SecAggClient:
         return _reduce(y, self.bits)
 
     def reveal(self, survivors: Sequence[int]) -> dict[int, tuple[str, tuple[int, int]]]:
-        """The unmasking step: per client (itself included), the share of its self-mask seed if it survived,
-        of its private key if it dropped out (never both for one client)."""
+        """The unmasking step, once per round: per client (itself included), the share of its
+        self-mask seed if it survived, of its private key if it dropped out (never both for one
+        client: a second request, which could ask for the other share, is refused)."""
         alive = set(survivors)
+        if self.revealed:
+            raise SecAggError(f"client {self.index}: already revealed its shares in this round")
+        if not alive <= set(self.public_keys) or len(alive) < self.threshold:
+            raise SecAggError(f"client {self.index}: survivors {sorted(alive)} are not {self.threshold} or more "
+                              f"of this round's clients {sorted(self.public_keys)}")
+        self.revealed = True
         return {s: ("self", b) if s in alive else ("key", sk) for s, (sk, b) in self.held_shares.items()}
+
+    def to_record(self) -> dict:
+        """This client's state between the steps of a round, as plain values (a Flower ClientApp
+        keeps it in the site's own ``context.state``, never sent)."""
+        raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        owners = sorted(self.held_shares)
+        return {
+            "index": self.index, "bits": self.bits, "threshold": self.threshold, "revealed": self.revealed,
+            "private_key": self.private_key.private_bytes(*raw), "share_key": self.share_key.private_bytes(*raw),
+            "self_seed": self.self_seed, "clients": sorted(self.public_keys),
+            "public_keys": [self.public_keys[j] for j in sorted(self.public_keys)],
+            "share_public_keys": [self.share_public_keys[j] for j in sorted(self.public_keys)],
+            "owners": owners,
+            "key_shares": [self.held_shares[o][0][1].to_bytes(SHARE_BYTES, "little") for o in owners],
+            "seed_shares": [self.held_shares[o][1][1].to_bytes(SHARE_BYTES, "little") for o in owners],
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping) -> "SecAggClient":
+        x = int(record["index"]) + 1
+        clients = [int(j) for j in record["clients"]]
+        return cls(
+            int(record["index"]), X25519PrivateKey.from_private_bytes(bytes(record["private_key"])),
+            bytes(record["self_seed"]), int(record["bits"]),
+            X25519PrivateKey.from_private_bytes(bytes(record["share_key"])),
+            dict(zip(clients, map(bytes, record["public_keys"]))),
+            dict(zip(clients, map(bytes, record["share_public_keys"]))), int(record["threshold"]),
+            {int(o): ((x, int.from_bytes(k, "little")), (x, int.from_bytes(b, "little")))
+             for o, k, b in zip(record["owners"], record["key_shares"], record["seed_shares"])},
+            bool(record["revealed"]))
 
 
 def _reduce(words: np.ndarray, bits: int) -> np.ndarray:
@@ -234,7 +369,7 @@ class SecAggServer:
             if u.dtype != dtype:
                 raise SecAggError(f"layer {name}: an upload of dtype {u.dtype}, expected {dtype}")
             total += u
-        dropped = [c for c in range(self.n_clients) if c not in uploads]
+        dropped = [c for c in self.public_keys if c not in uploads]
         for i in survivors:
             seed = self._combine(name, reveals, i, "self")
             total -= keystream_words(seed, f"self:{name}", numel, self.bits)
@@ -265,25 +400,22 @@ def setup_round(n_clients: int, threshold: int | None = None, seed: int | None =
                 ) -> tuple[list[SecAggClient], SecAggServer]:
     """Key advertisement and share distribution of one round: n clients with X25519 keys and
     self-mask seeds, every secret Shamir-shared t-of-n (default t = floor(n/2) + 1, the honest
-    majority SecAgg assumes), and the server holding only the public keys."""
-    bits = modulus_bits(n_clients)
-    threshold = n_clients // 2 + 1 if threshold is None else int(threshold)
-    if not 1 <= threshold <= n_clients:
-        raise SecAggError(f"threshold must be in 1..{n_clients}, got {threshold}")
+    majority SecAgg assumes) and encrypted to its holder, and the server holding only the public
+    keys and relaying ciphertexts (here in one process; over the network: flower/)."""
+    threshold = default_threshold(n_clients) if threshold is None else int(threshold)
     rng = _Randomness(seed)
-    clients = [SecAggClient(i, X25519PrivateKey.from_private_bytes(rng.bytes(32)), rng.bytes(32), bits)
-               for i in range(n_clients)]
-    public = {c.index: c.public_key for c in clients}
+    clients = [SecAggClient.create(i, n_clients, rng) for i in range(n_clients)]
+    advertised = {c.index: c.advertise() for c in clients}
+    outboxes = {c.index: c.share_secrets(advertised, threshold, rng) for c in clients}
     for c in clients:
-        c.public_keys = dict(public)
-    for c in clients:
-        raw = c.private_key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                          serialization.NoEncryption())
-        sk_shares = shamir_split(raw, n_clients, threshold, rng)
-        b_shares = shamir_split(c.self_seed, n_clients, threshold, rng)
-        for holder in clients:  # a client holds a share of its own secrets too, as in SecAgg
-            holder.held_shares[c.index] = (sk_shares[holder.index], b_shares[holder.index])
-    return clients, SecAggServer(n_clients, threshold, bits, public)
+        c.receive_shares({sender: box[c.index] for sender, box in outboxes.items()})
+    return clients, SecAggServer(n_clients, threshold, modulus_bits(n_clients),
+                                 {j: masking for j, (_, masking) in advertised.items()})
+
+
+def default_threshold(n_clients: int) -> int:
+    """t = floor(n/2) + 1: the honest majority SecAgg assumes."""
+    return n_clients // 2 + 1
 
 
 def secure_vote_counts(masks: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str],

@@ -1,0 +1,516 @@
+"""The coordinator: fedlib's server strategies driven round by round over a Flower ``Grid``.
+
+A federation: wait for the sites, ``query.hello`` binds each node to the client id and model
+fingerprint it reports; then each round of the strategy (one-shot FedPrLLM: 1; iterative: one
+per block; FedSpaLLM: T) goes out and comes back one reply at a time. Every upload is written to
+``out/round-NNN/<client id>.<kind>.safetensors`` as it arrives and read there with fedlib's strict
+reader, layer by layer: a file that is not exactly what fedlib writes for content the protocol
+allows, or whose ``client_id`` is not the one its node said, is refused (moved to ``refused/``,
+named with its field in ``federation.json``) while the others aggregate. The round's global file
+is what ``fedlib aggregate`` writes for the accepted files (the same function), plus the clients
+that are absent (no answer by the round's deadline, or refused) in ``x_absent_clients``.
+
+With ``secagg`` the round is the four steps of :mod:`fedlib.server.secagg` instead; the
+coordinator then holds masked words only, never a site's mask, and unmasks the sum of the
+survivors' votes layer by layer.
+
+Restart: ``out/federation.json`` records every finished round. A federation started again on the
+same out folder with the same settings, after a SuperLink restart, a coordinator crash or a
+stopped run, continues with the next round from the global file on disk (the sites keep no
+state between rounds); other settings are refused rather than overwrite what is there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from fedlib_flower import wire
+from fedlib_flower.settings import Settings
+
+#: Flower keeps an unanswered message this much longer than the round's deadline
+TTL_MARGIN = 60.0
+POLL_SECONDS = 0.2
+
+
+class FederationError(RuntimeError):
+    """A federation that cannot go on (the coordinator's files so far stay on disk)."""
+
+
+@dataclass
+class Refusal:
+    client_id: str
+    reason: str
+    file: str = ""
+    field: str = ""
+
+    def as_dict(self) -> dict:
+        return {"client_id": self.client_id, "reason": self.reason, "file": self.file, "field": self.field}
+
+
+@dataclass
+class Exchange:
+    """What one message step moved and who answered."""
+
+    replies: dict[int, Message] = field(default_factory=dict)
+    bytes_down: int = 0
+    bytes_up: int = 0
+
+
+def content_bytes(content: RecordDict) -> int:
+    """Payload bytes of a message: every array's data and every bytes value of its configs."""
+    total = 0
+    for record in content.values():
+        for value in record.values():
+            if hasattr(value, "data"):
+                total += len(value.data)
+            elif isinstance(value, (bytes, list)):
+                total += len(value) if isinstance(value, bytes) else sum(len(v) for v in value if isinstance(v, bytes))
+    return total
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Coordinator:
+    """One federation (module docstring) over ``grid`` as ``settings`` say; ``log`` gets one line
+    per event (the ServerApp's output)."""
+
+    def __init__(self, grid, settings: Settings, log: Callable[[str], None] = print):
+        from fedlib.models import open_model
+
+        self.grid, self.settings, self.log = grid, settings, log
+        self.out = settings.out_dir
+        self.handle = open_model(settings.model, weights=False)  # fingerprint, layers, checkpoint (v2 reference)
+        self.fingerprint, self.layers = self.handle.fingerprint(), self.handle.layers()
+        self.n_blocks = self.handle.n_blocks
+        self.clients: dict[int, str] = {}  # node id -> client id, in client id order
+        self.state: dict = {}
+
+    # ------------------------------------------------------------------ messages
+
+    def exchange(self, outgoing: Mapping[int, tuple[str, RecordDict]], on_reply: Callable[[int, Message], None],
+                 group: str) -> Exchange:
+        """Send each node its (message type, content), at most ``max_parallel`` in flight, and
+        take the replies one at a time as they arrive until all have answered or the round's
+        deadline passes. ``on_reply`` sees each answer (a reply that carries an error, or whose
+        handling raises, is refused and logged, not fatal)."""
+        s = self.settings
+        result, queue = Exchange(), list(outgoing.items())
+        pending: dict[str, int] = {}
+        deadline = time.monotonic() + s.round_deadline
+        limit = s.max_parallel or len(queue)
+        while queue or pending:
+            while queue and len(pending) < limit:
+                node, (kind, content) = queue.pop(0)
+                message = Message(content, node, kind, group_id=group, ttl=s.round_deadline + TTL_MARGIN)
+                result.bytes_down += content_bytes(content)
+                for message_id in self.grid.push_messages([message]):
+                    pending[message_id] = node
+            if time.monotonic() > deadline:
+                break
+            for reply in self.grid.pull_messages(list(pending)):
+                node = pending.pop(reply.metadata.reply_to_message_id, None)
+                if node is None:
+                    continue
+                if reply.has_error():
+                    self.refuse(node, f"the site's ClientApp failed: {reply.error.reason}")
+                    continue
+                result.bytes_up += content_bytes(reply.content)
+                try:
+                    on_reply(node, reply)
+                    result.replies[node] = reply
+                except (wire.WireError, ValueError) as err:  # MaskFileError and SecAggError are ValueErrors
+                    self.refuse(node, str(err), getattr(err, "path", ""), getattr(err, "field", ""))
+            time.sleep(POLL_SECONDS if pending else 0)
+        for node in pending.values():
+            self.log(f"{self.clients.get(node, node)}: no answer within the round's deadline ({s.round_deadline} s)")
+        for node, _ in queue:
+            self.log(f"{self.clients.get(node, node)}: not asked before the round's deadline")
+        return result
+
+    def refuse(self, node: int, reason: str, file: str = "", field_name: str = "", client_id: str | None = None) -> None:
+        refusal = Refusal(client_id or self.clients.get(node, f"node {node}"), reason, file, field_name)
+        self.state.setdefault("refused", []).append({"round": self.state.get("round"), **refusal.as_dict()})
+        self.log(f"refused {refusal.client_id}: {reason}")
+        if file and Path(file).is_file():  # kept for the operator, out of the round's folder
+            folder = Path(file).parent / "refused"
+            folder.mkdir(exist_ok=True)
+            Path(file).replace(folder / Path(file).name)
+
+    # ------------------------------------------------------------------ the federation
+
+    def run(self) -> dict:
+        s = self.settings
+        self.out.mkdir(parents=True, exist_ok=True)
+        nodes = self.wait_for_nodes()
+        self.hello(nodes)
+        self.state = self.resume()
+        strategy = s.server(len(self.clients))
+        rounds = strategy.n_rounds(self.n_blocks)
+        for t in range(len(self.state["rounds"]), rounds):
+            self.state["round"] = t
+            start = time.monotonic()
+            if s.strategy == "fedspallm":
+                record = self.fedspallm_round(strategy, t)
+            elif s.secagg:
+                record = self.secagg_round(strategy, t)
+            else:
+                record = self.mask_round(strategy, t)
+            record.update(round=t, seconds=time.monotonic() - start, coordinator_peak_rss_mib=peak_rss_mib())
+            self.state["rounds"].append(record)
+            self.save()
+            self.log(f"round {t}: {len(record['clients'])} clients, {record['bytes_up']} bytes up, "
+                     f"{record['bytes_down']} down, {record['seconds']:.1f} s")
+        final = self.out / self.global_name(rounds - 1)
+        shutil.copyfile(self.round_dir(rounds - 1) / final.name, final)
+        self.state.update(status="completed", global_file=str(final))
+        self.save()
+        return self.state
+
+    def wait_for_nodes(self) -> list[int]:
+        s = self.settings
+        deadline = time.monotonic() + s.connect_timeout
+        while True:
+            nodes = sorted(self.grid.get_node_ids())
+            if len(nodes) >= s.min_clients:
+                return nodes
+            if time.monotonic() > deadline:
+                raise FederationError(f"{len(nodes)} sites connected after {s.connect_timeout} s, "
+                                      f"min-clients is {s.min_clients}")
+            time.sleep(1.0)
+
+    def hello(self, nodes: list[int]) -> None:
+        """Bind each node to the client id it reports; refuse another model or a taken id."""
+        said: dict[int, dict] = {}
+
+        def take(node: int, reply: Message) -> None:
+            info = wire.config(reply.content, "hello", {"client-id": str, "fingerprint": str,
+                                                        "fedlib-version": str, "n-samples": int})
+            if info["fingerprint"] != self.fingerprint:
+                raise wire.WireError("hello", "fingerprint", f"{info['fingerprint'][:16]}... is another model than "
+                                                             f"the coordinator's ({self.fingerprint[:16]}...)")
+            said[node] = info
+
+        self.exchange({n: (wire.HELLO, RecordDict({})) for n in nodes}, take, "hello")
+        by_id: dict[str, list[int]] = {}
+        for node, info in said.items():
+            by_id.setdefault(info["client-id"], []).append(node)
+        for client_id, holders in by_id.items():
+            if len(holders) > 1:  # which node is the impostor, nothing tells: none is admitted
+                for node in holders:
+                    self.refuse(node, f"client id {client_id!r} is claimed by nodes {holders}", client_id=client_id)
+        self.clients = {node: cid for cid, holders in sorted(by_id.items()) if len(holders) == 1
+                        for node in holders}
+        if len(self.clients) < self.settings.min_clients:
+            raise FederationError(f"{len(self.clients)} sites admitted, min-clients is {self.settings.min_clients}")
+        self.log(f"sites: {sorted(self.clients.values())}")
+
+    def resume(self) -> dict:
+        """The federation's record: a new one, or the one on disk if it is this federation."""
+        path = self.out / "federation.json"
+        settings = self.settings.digest_fields()
+        digest = hashlib.sha256(json.dumps({**settings, "fingerprint": self.fingerprint},
+                                           sort_keys=True).encode()).hexdigest()
+        fresh = {"settings": settings, "digest": digest, "model_fingerprint": self.fingerprint,
+                 "clients": sorted(self.clients.values()), "rounds": [], "refused": [], "status": "running",
+                 "resumed_at_round": []}
+        if not path.is_file():
+            return fresh
+        state = json.loads(path.read_text())
+        if state.get("digest") != digest:
+            changed = sorted(k for k in settings if state.get("settings", {}).get(k) != settings[k])
+            raise FederationError(f"{path}: field 'settings': a federation with other settings ({changed or 'model'}) "
+                                  "is there; give another out folder")
+        if sorted(self.clients.values()) != state["clients"] and self.settings.strategy == "fedprllm" \
+                and self.settings.mode == "iterative" and state["rounds"]:
+            raise FederationError(f"{path}: field 'clients': iterative FedPrLLM continues with the same sites "
+                                  f"{state['clients']}, connected now: {sorted(self.clients.values())}")
+        if state["status"] != "completed":
+            state["resumed_at_round"].append(len(state["rounds"]))
+            self.log(f"resuming the federation in {self.out} at round {len(state['rounds'])}")
+        return state
+
+    def save(self) -> None:
+        from fedlib.io import write_text_atomic
+
+        write_text_atomic(self.out / "federation.json", json.dumps(self.state, indent=2, sort_keys=True) + "\n")
+
+    def round_dir(self, t: int) -> Path:
+        folder = self.out / f"round-{t:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def global_name(self, t: int) -> str:
+        return "global.weights.safetensors" if self.settings.strategy == "fedspallm" else "global.mask.safetensors"
+
+    def previous(self, t: int) -> Path | None:
+        """The global file of the round before ``t`` (what round ``t`` continues)."""
+        return None if t == 0 else self.round_dir(t - 1) / self.global_name(t - 1)
+
+    def write_upload(self, node: int, folder: Path, kind: str, reply: Message) -> Path:
+        """Write a reply's file as it arrives (whole or absent); the name is the node's client id."""
+        from fedlib.io import atomic_path
+
+        path = folder / f"{self.clients[node]}.{kind}.safetensors"
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(wire.file_bytes(reply.content, "upload"))
+        return path
+
+    def record(self, exchange: Exchange, accepted: list[str], extra: dict | None = None) -> dict:
+        replies = [r for r in exchange.replies.values() if "metrics" in r.content]
+        peaks = [float(r.content["metrics"]["peak-rss-mib"]) for r in replies]
+        absent = sorted(set(self.clients.values()) - set(accepted))
+        return {"clients": accepted, "absent": absent, "bytes_up": exchange.bytes_up,
+                "bytes_down": exchange.bytes_down, "client_peak_rss_mib": max(peaks, default=0.0),
+                "client_seconds": [float(r.content["metrics"]["seconds"]) for r in replies], **(extra or {})}
+
+    # ------------------------------------------------------------------ FedPrLLM over files
+
+    def cohort(self) -> dict:
+        """What the coordinator told the sites: each file must say it."""
+        s = self.settings
+        return {"method": s.client_method, "group": s.local_group, "sparsity": s.sparsity}
+
+    def screen(self, strategy, files: dict) -> dict[str, Path]:
+        """The paths of the open files (client id -> MaskFile) that pass the cohort check; each
+        one that does not is refused by name."""
+        from fedlib.maskfile import MaskFileError
+
+        files = dict(files)
+        while files:
+            try:
+                strategy.check_cohort(list(files.values()), self.cohort())
+                return {cid: f.path for cid, f in files.items()}
+            except MaskFileError as err:
+                odd = [cid for cid, f in files.items() if str(f.path) == err.path]
+                if not odd:
+                    raise
+                node = next(n for n, c in self.clients.items() if c == odd[0])
+                self.refuse(node, str(err), err.path, err.field)
+                del files[odd[0]]
+        return files
+
+    def mask_round(self, strategy, t: int) -> dict:
+        from fedlib.maskcode import MagnitudeReference
+        from fedlib.maskfile import MaskFile, MaskFileError
+
+        s, folder = self.settings, self.round_dir(t)
+        settled, current = strategy.round_layers(self.layers, t if s.mode == "iterative" else None)
+        reference = MagnitudeReference.of_model(self.handle) if s.format_version == 2 else None
+        files = {}
+
+        def take(node: int, reply: Message) -> None:
+            path = self.write_upload(node, folder, "mask", reply)
+            upload = MaskFile(path, self.fingerprint, current, whole_model=s.mode == "one-shot", reference=reference)
+            if upload.header.client_id != self.clients[node]:
+                raise MaskFileError(path, "client_id", f"{upload.header.client_id!r}, but the node that sent it "
+                                                       f"is {self.clients[node]!r}")
+            for info in current:  # every layer's bits against the file's claims, as it arrives
+                upload.layer_mask(info.name)
+            files[self.clients[node]] = upload
+
+        content = self.plan_content(t)
+        exchange = self.exchange({n: (wire.TRAIN_MASK, content) for n in self.clients}, take, f"round-{t}")
+        accepted = self.screen(strategy, files)
+        absent = sorted(set(self.clients.values()) - set(accepted))
+        if s.mode == "iterative" and absent:
+            raise FederationError(f"round {t}: no valid upload from {absent}; iterative FedPrLLM needs every site in "
+                                  f"every round: start the federation again to resume at round {t}")
+        if not accepted:
+            raise FederationError(f"round {t}: no valid upload")
+        out = folder / self.global_name(t)
+        summary = strategy.aggregate([accepted[c] for c in sorted(accepted)], self.fingerprint, self.layers, out,
+                                     round_index=t if s.mode == "iterative" else None, previous=self.previous(t),
+                                     cohort=self.cohort(), reference=reference, absent=absent)
+        from fedlib.io import write_text_atomic
+
+        write_text_atomic(folder / "global.mask.clients.json",
+                          json.dumps({"global": str(out), "strategy": strategy.name, **summary["clients"]},
+                                     indent=2, sort_keys=True) + "\n")
+        return self.record(exchange, sorted(accepted), {"global_file": str(out)})
+
+    def plan_content(self, t: int, blocks: list[int] | None = None) -> RecordDict:
+        plan = self.settings.plan(t)
+        if blocks is not None:
+            plan["blocks"] = blocks
+        content = RecordDict({"plan": ConfigRecord(plan)})
+        previous = self.previous(t)
+        if previous is not None:
+            content["previous"] = wire.file_record(previous.read_bytes())
+        return content
+
+    # ------------------------------------------------------------------ FedSpaLLM
+
+    def fedspallm_round(self, strategy, t: int) -> dict:
+        from fedlib.maskfile import MaskFileError
+        from fedlib.weightfile import open_weight_file
+
+        folder = self.round_dir(t)
+        ids = sorted(self.clients.values())
+        plan = strategy.configure_round(t, len(ids), self.n_blocks)
+        blocks = {cid: list(plan.blocks[i]) for i, cid in enumerate(ids)}
+        files = {}
+
+        def take(node: int, reply: Message) -> None:
+            cid = self.clients[node]
+            path = self.write_upload(node, folder, "weights", reply)
+            upload = open_weight_file(path, self.fingerprint, self.layers, blocks[cid])
+            if upload.header.client_id != cid:
+                raise MaskFileError(path, "client_id", f"{upload.header.client_id!r}, but the node that sent it is {cid!r}")
+            if upload.round != t:
+                raise MaskFileError(path, "x_round", f"upload for round {upload.round}, this is round {t}")
+            for name in upload.layer_names:
+                upload.layer_weight(name, upload.layer_mask(name))
+            files[cid] = upload
+
+        outgoing = {node: (wire.TRAIN_WEIGHTS, self.plan_content(t, blocks[cid])) for node, cid in self.clients.items()}
+        exchange = self.exchange(outgoing, take, f"round-{t}")
+        accepted = self.screen(strategy, files)
+        if not accepted:
+            raise FederationError(f"round {t}: no valid upload")
+        absent = sorted(set(ids) - set(accepted))
+        out = folder / self.global_name(t)
+        order = sorted(accepted)
+        strategy.aggregate([accepted[c] for c in order], self.fingerprint, self.layers, out, previous=self.previous(t),
+                           round_index=t, assigned=[blocks[c] for c in order], cohort=self.cohort(), absent=absent)
+        return self.record(exchange, order, {"global_file": str(out), "blocks": blocks})
+
+    # ------------------------------------------------------------------ FedPrLLM with secure aggregation
+
+    def secagg_round(self, strategy, t: int) -> dict:
+        """The four steps of :mod:`fedlib.server.secagg` over messages; the coordinator relays
+        public keys and ciphertexts, receives masked words (written to disk as they arrive) and
+        the survivors' reveals, and unmasks the sum of the votes layer by layer."""
+        from fedlib.io import write_safetensors
+        from fedlib.server.secagg import SecAggServer, default_threshold, modulus_bits, unpack_words
+
+        s, folder = self.settings, self.round_dir(t)
+        group = f"round-{t}"
+        ids = sorted(self.clients.values())
+        index = {cid: i for i, cid in enumerate(ids)}
+        node_of = {cid: node for node, cid in self.clients.items()}
+        threshold = s.secagg_threshold or default_threshold(len(ids))
+        bits = modulus_bits(len(ids))
+        moved = []
+
+        def step(kind: str, nodes, content_of, take) -> Exchange:
+            exchange = self.exchange({n: (kind, content_of(n)) for n in nodes}, take, group)
+            moved.append(exchange)
+            return exchange
+
+        def enough(what: str, have) -> None:
+            if len(have) < threshold:
+                raise FederationError(f"round {t}: {what} from {len(have)} sites, the threshold is {threshold}")
+
+        advertised: dict[int, tuple[bytes, bytes]] = {}
+
+        def take_keys(node: int, reply: Message) -> None:
+            keys = wire.config(reply.content, "keys", {"share-key": bytes, "masking-key": bytes})
+            advertised[index[self.clients[node]]] = (keys["share-key"], keys["masking-key"])
+
+        step(wire.SECAGG_KEYS, list(self.clients), lambda n: RecordDict({"secagg": ConfigRecord(
+            {"round": t, "index": index[self.clients[n]], "n-clients": len(ids)})}), take_keys)
+        enough("keys", advertised)
+        order = sorted(advertised)
+        keys = ConfigRecord({"round": t, "threshold": threshold, "clients": order,
+                             "share-keys": [advertised[j][0] for j in order],
+                             "masking-keys": [advertised[j][1] for j in order]})
+        inbox: dict[int, dict[int, bytes]] = {j: {} for j in order}
+
+        def take_shares(node: int, reply: Message) -> None:
+            shares = wire.config(reply.content, "shares", {"recipients": (list, int), "ciphertexts": (list, bytes)})
+            if shares["recipients"] != order:
+                raise wire.WireError("shares", "recipients", f"expected one share for each of {order}")
+            sender = index[self.clients[node]]
+            for j, data in zip(order, shares["ciphertexts"]):
+                inbox[j][sender] = data
+
+        step(wire.SECAGG_SHARES, [node_of[ids[j]] for j in order], lambda n: RecordDict({"secagg": keys}), take_shares)
+        shared = sorted({sender for box in inbox.values() for sender in box})
+        enough("shares", shared)
+        numel = {info.name: info.shape[0] * info.shape[1] for info in self.layers}
+        uploads: dict[int, Path] = {}
+        claims: dict[int, dict] = {}
+        settled, current = strategy.round_layers(self.layers, t if s.mode == "iterative" else None)
+
+        def take_masked(node: int, reply: Message) -> None:
+            j = index[self.clients[node]]
+            claim = wire.config(reply.content, "cohort", {"client-id": str, "method": str, "group": str,
+                                                          "sparsity": float, "allocation": str, "n-samples": int})
+            if claim["client-id"] != self.clients[node]:
+                raise wire.WireError("cohort", "client-id", f"{claim['client-id']!r}, the node is {self.clients[node]!r}")
+            expected = self.cohort()
+            odd = [k for k in expected if claim[k] != expected[k]]
+            if odd:
+                raise wire.WireError("cohort", odd[0], f"{claim[odd[0]]!r}, the coordinator asked for {expected[odd[0]]!r}")
+            masked = reply.content["masked"] if "masked" in reply.content else {}
+            if sorted(masked) != sorted(info.name for info in current):
+                raise wire.WireError("masked", "*", "expected one array per layer of the round")
+            import torch
+
+            words = {}
+            for info in current:  # k-bit words checked by their length, kept on disk, not in memory
+                data = wire.raw_bytes("masked", info.name, masked[info.name])
+                unpack_words(data, numel[info.name], bits)
+                words[info.name] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            path = folder / f"{self.clients[node]}.secagg.safetensors"
+            write_safetensors(path, words, {"client_id": self.clients[node], "bits": str(bits)})
+            uploads[j], claims[j] = path, claim
+
+        content = self.plan_content(t)
+        step(wire.SECAGG_UPLOAD, [node_of[ids[j]] for j in shared], lambda n: RecordDict({
+            **content, "secagg": ConfigRecord({"round": t, "clients": shared,
+                                               "senders": sorted(inbox[index[self.clients[n]]]),
+                                               "ciphertexts": [inbox[index[self.clients[n]]][i]
+                                                               for i in sorted(inbox[index[self.clients[n]]])]})}),
+             take_masked)
+        survivors = sorted(uploads)
+        enough("masked uploads", survivors)
+        reveals: dict[int, dict] = {}
+
+        def take_reveal(node: int, reply: Message) -> None:
+            r = wire.config(reply.content, "reveal", {"owners": (list, int), "kinds": (list, str), "values": (list, bytes)})
+            j = index[self.clients[node]]
+            reveals[j] = {o: (k, (j + 1, int.from_bytes(v, "little")))
+                          for o, k, v in zip(r["owners"], r["kinds"], r["values"])}
+
+        step(wire.SECAGG_REVEAL, [node_of[ids[j]] for j in survivors],
+             lambda n: RecordDict({"secagg": ConfigRecord({"round": t, "survivors": survivors})}), take_reveal)
+        enough("reveals", reveals)
+        server = SecAggServer(len(shared), threshold, bits, {j: advertised[j][1] for j in shared})
+        from safetensors import safe_open
+
+        handles = {j: safe_open(str(p), "np") for j, p in uploads.items()}
+
+        def vote(info, layer) -> None:
+            masked = {j: unpack_words(h.get_tensor(info.name).tobytes(), numel[info.name], bits)
+                      for j, h in handles.items()}
+            layer.add_counts(server.unmask(info.name, masked, reveals))
+
+        cohort = {**self.cohort(), "allocation": claims[survivors[0]]["allocation"]}
+        if any(c["allocation"] != cohort["allocation"] for c in claims.values()):
+            raise FederationError(f"round {t}: the survivors claim different allocations")
+        previous = self.previous(t)
+        earlier = strategy.open_previous(previous, self.fingerprint, settled, len(survivors), cohort,
+                                         t if s.mode == "iterative" else None)
+        accepted = [ids[j] for j in survivors]
+        absent = sorted(set(ids) - set(accepted))
+        if s.mode == "iterative" and absent:
+            raise FederationError(f"round {t}: {absent} dropped out; iterative FedPrLLM needs every site in every "
+                                  f"round: start the federation again to resume at round {t}")
+        out = folder / self.global_name(t)
+        strategy.write_round(out, self.fingerprint, settled, current, earlier, cohort, len(survivors),
+                             sum(claims[j]["n-samples"] for j in survivors), {}, vote, absent)
+        total = Exchange(replies=moved[2].replies, bytes_down=sum(e.bytes_down for e in moved),
+                         bytes_up=sum(e.bytes_up for e in moved))
+        return self.record(total, accepted, {"global_file": str(out), "secagg_threshold": threshold})

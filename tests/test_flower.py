@@ -1,0 +1,341 @@
+"""fedlib over Flower, in one process (no SuperLink): the coordinator (flower/fedlib_flower) drives
+the real ClientApp through :class:`LocalGrid`, Flower's Grid interface with each node's Context.
+Each federation's global file is checked against ``fedlib client-mask`` / ``client-weights`` and
+``fedlib aggregate`` run here through the CLI on the same clients' data: byte for byte.
+The multi-process run (SuperLink, SuperNodes, ``flwr run``) is ``make test-flower``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from uuid import uuid4
+
+import pytest
+import torch
+
+from flwr.app import Context, Error, Message, RecordDict
+
+from fedlib.cli import main
+from fedlib.data import save_tokens
+from fedlib.maskfile import MaskFile, pack_bits
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "flower"))  # the app folder `flwr run` ships
+from fedlib_flower import client_app, wire  # noqa: E402
+from fedlib_flower.coordinator import Coordinator, FederationError  # noqa: E402
+from fedlib_flower.settings import Settings  # noqa: E402
+
+MODEL = REPO / ".test" / "model"
+SITES = ["hospital-a", "hospital-b", "hospital-c"]
+
+
+class LocalGrid:
+    """Flower's Grid interface in one process: a pushed message goes to the real ClientApp with its
+    node's Context (node config; state kept across messages as a SuperNode keeps it).
+    ``tamper(node, message, reply)`` may replace a reply, or return None: no answer, ever.
+    ``received`` is every reply the coordinator got (what the server holds)."""
+
+    def __init__(self, sites: dict[str, dict], tamper=None, fail_from: str | None = None):
+        from flwr.supercore.task_identity import TaskIdentity
+
+        # what the ServerApp runtime sets before main(): messages carry the run and the sender
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = 1, 0, 0
+        self.contexts = {1000 + i: Context(run_id=1, node_id=1000 + i, node_config=config, state=RecordDict(),
+                                           run_config={})
+                         for i, config in enumerate(sites.values())}
+        self.tamper, self.fail_from = tamper, fail_from
+        self.inbox: dict[str, Message] = {}
+        self.received: list[Message] = []
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            if self.fail_from and message.metadata.group_id == self.fail_from:
+                raise ConnectionError("the SuperLink went away")
+            message.metadata.__dict__["_message_id"] = uuid4().hex
+            self.inbox[message.metadata.message_id] = message
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        replies = []
+        for message_id in message_ids:
+            message = self.inbox.pop(message_id, None)
+            if message is None:
+                continue
+            node = message.metadata.dst_node_id
+            try:
+                reply = client_app.app(message, self.contexts[node])
+            except Exception as err:  # what a SuperNode returns when its ClientApp fails
+                reply = Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=message)
+            if self.tamper is not None:
+                reply = self.tamper(node, message, reply)
+            if reply is not None:
+                self.received.append(reply)
+                replies.append(reply)
+        return replies
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory) -> dict[str, dict]:
+    """Three sites' node configs over the .test model, each with its own calibration tokens."""
+    root = tmp_path_factory.mktemp("sites")
+    out = {}
+    for i, cid in enumerate(SITES):
+        calib = root / f"{cid}.tokens.safetensors"
+        save_tokens(calib, torch.randint(0, 257, (3, 16), generator=torch.Generator().manual_seed(i)))
+        out[cid] = {"model": str(MODEL), "calib": str(calib), "client-id": cid}
+    return out
+
+
+def settings(out: Path, **kw) -> Settings:
+    config = {"model": str(MODEL), "out": str(out), "min-clients": 3, "connect-timeout": 5.0, **kw}
+    return Settings.from_run_config(config)
+
+
+def federate(grid, out: Path, **kw) -> dict:
+    return Coordinator(grid, settings(out, **kw), log=lambda line: None).run()
+
+
+def cli(*argv) -> None:
+    assert main([str(a) for a in argv]) == 0
+
+
+def cli_client_masks(sites, folder: Path, *extra, names=SITES) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for cid in names:
+        paths.append(folder / f"{cid}.mask.safetensors")
+        cli("client-mask", "--model", MODEL, "--calib", sites[cid]["calib"], "--client-id", cid, "--out", paths[-1],
+            *extra)
+    return paths
+
+
+@pytest.mark.parametrize("group,version", [("layer", 1), ("row", 2), ("column", 1)])
+def test_one_shot_equals_the_file_protocol_byte_for_byte(sites, tmp_path, group, version):
+    grid = LocalGrid(sites)
+    state = federate(grid, tmp_path / "fl", group=group, **{"format-version": version})
+    assert state["status"] == "completed" and len(state["rounds"]) == 1 and state["rounds"][0]["absent"] == []
+    files = cli_client_masks(sites, tmp_path / "cli", "--format-version", version)
+    for path in files:  # each site's upload, as the coordinator wrote it on arrival
+        assert (tmp_path / "fl" / "round-000" / path.name).read_bytes() == path.read_bytes()
+    cli("aggregate", "--model", MODEL, "--group", group, "--out", tmp_path / "cli.global.safetensors", *files)
+    assert (tmp_path / "fl" / "global.mask.safetensors").read_bytes() == \
+        (tmp_path / "cli.global.safetensors").read_bytes()
+    record = state["rounds"][0]
+    assert record["bytes_up"] == sum(p.stat().st_size for p in files)
+
+
+def test_iterative_equals_the_file_protocol_round_by_round(sites, tmp_path):
+    state = federate(LocalGrid(sites), tmp_path / "fl", mode="iterative", scale=True)
+    assert len(state["rounds"]) == 2  # one per block of the .test model
+    previous = None
+    for t in range(2):
+        extra = ["--round", t, "--scale"] + (["--global-masks", previous] if previous else [])
+        files = cli_client_masks(sites, tmp_path / f"cli{t}", *extra)
+        out = tmp_path / f"cli{t}.global.safetensors"
+        cli("aggregate", "--model", MODEL, "--mode", "iterative", "--round", t, "--out", out,
+            *(["--previous", previous] if previous else []), *files)
+        assert (tmp_path / "fl" / f"round-{t:03d}" / "global.mask.safetensors").read_bytes() == out.read_bytes()
+        previous = out
+    # round 1 sent every site the global file of round 0
+    assert state["rounds"][1]["bytes_down"] >= 3 * (tmp_path / "cli0.global.safetensors").stat().st_size
+    assert (tmp_path / "fl" / "global.mask.safetensors").read_bytes() == previous.read_bytes()
+
+
+def test_fedspallm_equals_the_file_protocol_round_by_round(sites, tmp_path):
+    state = federate(LocalGrid(sites), tmp_path / "fl", strategy="fedspallm", rounds=2, resources="0.5 0.5 1.0",
+                     sparsity=0.6, **{"local-group": "layer"})
+    previous = None
+    for t, record in enumerate(state["rounds"]):
+        files = []
+        for cid in SITES:
+            files.append(tmp_path / f"cli{t}" / f"{cid}.weights.safetensors")
+            files[-1].parent.mkdir(exist_ok=True)
+            cli("client-weights", "--model", MODEL, "--calib", sites[cid]["calib"], "--client-id", cid,
+                "--blocks", *record["blocks"][cid], "--round", t, "--sparsity", 0.6, "--out", files[-1],
+                *(["--global-weights", previous] if previous else []))
+            assert (tmp_path / "fl" / f"round-{t:03d}" / files[-1].name).read_bytes() == files[-1].read_bytes()
+        out = tmp_path / f"cli{t}.global.safetensors"
+        cli("aggregate", "--model", MODEL, "--strategy", "fedspallm", "--sparsity", 0.6, "--round", t, "--out", out,
+            *(["--previous", previous] if previous else []), *files)
+        assert (tmp_path / "fl" / f"round-{t:03d}" / "global.weights.safetensors").read_bytes() == out.read_bytes()
+        previous = out
+    # layer sampling: resources 0.5 give one of the two blocks a round, 1.0 both
+    assert [len(state["rounds"][0]["blocks"][cid]) for cid in SITES] == [1, 1, 2]
+
+
+def _plain_layers(files: list[Path]) -> list[bytes]:
+    return [pack_bits(mask).numpy().tobytes() for path in files for mask in MaskFile(path).masks().values()]
+
+
+def _received_bytes(grid: LocalGrid) -> bytes:
+    """Every byte of every reply the coordinator got: arrays' data and config values."""
+    chunks = []
+    for reply in grid.received:
+        for record in reply.content.values():
+            for value in record.values():
+                if hasattr(value, "data"):
+                    chunks.append(value.data)
+                elif isinstance(value, bytes):
+                    chunks.append(value)
+                elif isinstance(value, list):
+                    chunks.extend(v for v in value if isinstance(v, bytes))
+    return b"\0".join(chunks)
+
+
+def test_secure_aggregation_gives_the_same_global_file_and_the_server_no_mask(sites, tmp_path):
+    grid = LocalGrid(sites)
+    state = federate(grid, tmp_path / "fl", secagg=True)
+    files = cli_client_masks(sites, tmp_path / "cli")
+    cli("aggregate", "--model", MODEL, "--out", tmp_path / "cli.global.safetensors", *files)
+    assert (tmp_path / "fl" / "global.mask.safetensors").read_bytes() == \
+        (tmp_path / "cli.global.safetensors").read_bytes()
+    received = _received_bytes(grid)
+    plain = _plain_layers(files)
+    assert len(received) > sum(map(len, plain))  # the masked uploads came in ...
+    assert not any(layer in received for layer in plain)  # ... and no site's mask, of any layer
+    kinds = {reply.metadata.message_type for reply in grid.received}
+    assert kinds == {wire.HELLO, wire.SECAGG_KEYS, wire.SECAGG_SHARES, wire.SECAGG_UPLOAD, wire.SECAGG_REVEAL}
+    assert not list((tmp_path / "fl").rglob("*.mask.safetensors")) == [] and \
+        sorted(p.name for p in (tmp_path / "fl").rglob("*.mask.safetensors")) == ["global.mask.safetensors"] * 2
+    assert state["rounds"][0]["secagg_threshold"] == 2
+
+
+def test_secure_aggregation_survives_a_dropout(sites, tmp_path):
+    """hospital-c vanishes after sharing its keys, before its masked upload: the survivors' sum
+    still decodes (its pair masks rebuilt from the survivors' shares) and equals aggregating the
+    survivors' files; the global file names the absent site."""
+    def vanish(node, message, reply):
+        dropped = message.metadata.message_type == wire.SECAGG_UPLOAD and node == 1002
+        return None if dropped else reply
+
+    state = federate(LocalGrid(sites, tamper=vanish), tmp_path / "fl", secagg=True, **{"round-deadline": 3.0})
+    assert state["rounds"][0]["absent"] == ["hospital-c"]
+    files = cli_client_masks(sites, tmp_path / "cli", names=SITES[:2])
+    cli("aggregate", "--model", MODEL, "--out", tmp_path / "cli.global.safetensors", *files)
+    ours, theirs = MaskFile(tmp_path / "fl" / "global.mask.safetensors"), MaskFile(tmp_path / "cli.global.safetensors")
+    assert ours.header.extra["absent_clients"] == '["hospital-c"]' and ours.header.n_clients == 2
+    for layer in theirs.header.layers:
+        name = layer["name"]
+        assert torch.equal(ours.layer_mask(name), theirs.layer_mask(name))
+        assert torch.equal(ours.layer_votes(name), theirs.layer_votes(name))
+
+
+def _empty_coded_layer(data: bytes) -> bytes:
+    """A version 2 mask file whose first coded layer is 0 bytes long, laid out canonically."""
+    from fedlib.io import safetensors_layout
+
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    meta = header.pop("__metadata__")
+    body = data[8 + length:]
+    chunks = {k: body[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in header.items()}
+    first = sorted(k for k in chunks if k.startswith("mask:"))[0]
+    chunks[first] = b""
+    head, _ = safetensors_layout({k: (torch.uint8, (len(v),)) for k, v in chunks.items()}, meta, "x")
+    return head + b"".join(chunks[k] for k in sorted(chunks))
+
+
+def test_a_hostile_upload_is_refused_by_name_and_field_while_the_others_aggregate(sites, tmp_path):
+    def hostile(node, message, reply):
+        if message.metadata.message_type == wire.TRAIN_MASK and node == 1001:
+            bad = _empty_coded_layer(wire.file_bytes(reply.content, "upload"))
+            return Message(RecordDict({"upload": wire.file_record(bad), "metrics": reply.content["metrics"]}),
+                           reply_to=message)
+        return reply
+
+    state = federate(LocalGrid(sites, tamper=hostile), tmp_path / "fl", **{"format-version": 2})
+    (refusal,) = state["refused"]
+    assert refusal["client_id"] == "hospital-b" and refusal["field"].startswith("mask:model.layers.0.")
+    assert refusal["file"].endswith("round-000/hospital-b.mask.safetensors") and "bytes in" in refusal["reason"]
+    assert (tmp_path / "fl" / "round-000" / "refused" / "hospital-b.mask.safetensors").is_file()
+    files = cli_client_masks(sites, tmp_path / "cli", "--format-version", 2, names=["hospital-a", "hospital-c"])
+    cli("aggregate", "--model", MODEL, "--out", tmp_path / "cli.global.safetensors", *files)
+    ours = MaskFile(tmp_path / "fl" / "global.mask.safetensors")
+    assert ours.header.extra["absent_clients"] == '["hospital-b"]'
+    assert ours.masks().keys() == MaskFile(tmp_path / "cli.global.safetensors").masks().keys()
+    assert all(torch.equal(a, b) for a, b in zip(ours.masks().values(),
+                                                 MaskFile(tmp_path / "cli.global.safetensors").masks().values()))
+
+
+def test_an_upload_under_another_client_id_is_refused(sites, tmp_path):
+    """A node that sends a file made for another site (here: hospital-a's own file) is refused."""
+    taken = {}
+
+    def impostor(node, message, reply):
+        if message.metadata.message_type == wire.TRAIN_MASK:
+            if node == 1000:
+                taken["a"] = reply
+            elif node == 1002:
+                return Message(RecordDict({"upload": taken["a"].content["upload"],
+                                           "metrics": reply.content["metrics"]}), reply_to=message)
+        return reply
+
+    state = federate(LocalGrid(sites, tamper=impostor), tmp_path / "fl")
+    (refusal,) = state["refused"]
+    assert refusal["client_id"] == "hospital-c" and refusal["field"] == "client_id"
+    assert state["rounds"][0]["clients"] == ["hospital-a", "hospital-b"]
+
+
+def test_one_shot_closes_at_the_deadline_with_the_sites_that_answered(sites, tmp_path):
+    def silent(node, message, reply):
+        return None if message.metadata.message_type == wire.TRAIN_MASK and node == 1000 else reply
+
+    state = federate(LocalGrid(sites, tamper=silent), tmp_path / "fl", **{"round-deadline": 2.0})
+    assert state["rounds"][0]["absent"] == ["hospital-a"]
+    files = cli_client_masks(sites, tmp_path / "cli", names=SITES[1:])
+    cli("aggregate", "--model", MODEL, "--out", tmp_path / "cli.global.safetensors", *files)
+    ours, theirs = MaskFile(tmp_path / "fl" / "global.mask.safetensors"), MaskFile(tmp_path / "cli.global.safetensors")
+    assert ours.header.extra["absent_clients"] == '["hospital-a"]' and ours.header.n_clients == 2
+    assert all(torch.equal(ours.layer_votes(layer["name"]), theirs.layer_votes(layer["name"]))
+               for layer in theirs.header.layers)
+
+
+def test_a_restart_between_rounds_resumes_from_the_files_on_disk(sites, tmp_path):
+    """The SuperLink goes away when round 1 of an iterative federation is pushed; started again
+    on the same out folder, the federation continues at round 1 from round 0's global file, and
+    ends with the bytes of an uninterrupted run. Other settings on that folder are refused."""
+    with pytest.raises(ConnectionError):
+        federate(LocalGrid(sites, fail_from="round-1"), tmp_path / "fl", mode="iterative")
+    state = json.loads((tmp_path / "fl" / "federation.json").read_text())
+    assert len(state["rounds"]) == 1 and state["status"] == "running"
+    state = federate(LocalGrid(sites), tmp_path / "fl", mode="iterative")
+    assert state["resumed_at_round"] == [1] and len(state["rounds"]) == 2
+    federate(LocalGrid(sites), tmp_path / "whole", mode="iterative")
+    assert (tmp_path / "fl" / "global.mask.safetensors").read_bytes() == \
+        (tmp_path / "whole" / "global.mask.safetensors").read_bytes()
+    with pytest.raises(FederationError, match="field 'settings'.*'sparsity'"):
+        federate(LocalGrid(sites), tmp_path / "fl", mode="iterative", sparsity=0.6)
+
+
+def test_hello_refuses_another_model_and_a_claimed_id(sites, tmp_path):
+    twins = {**sites, "twin": {**sites["hospital-a"]}}  # two nodes say hospital-a
+    grid = LocalGrid(twins)
+    coordinator = Coordinator(grid, settings(tmp_path / "fl", **{"min-clients": 2}), log=lambda line: None)
+    coordinator.hello(grid.get_node_ids())
+    assert sorted(coordinator.clients.values()) == ["hospital-b", "hospital-c"]
+    assert sorted(r["client_id"] for r in coordinator.state["refused"]) == ["hospital-a", "hospital-a"]
+    other = {cid: {**config, "model": str(Path(sites["hospital-a"]["calib"]).parent / "other")}
+             for cid, config in sites.items()}
+    from conftest import tiny_llama
+
+    tiny_llama(vocab_size=257, seed=3).save_pretrained(other["hospital-a"]["model"])
+    with pytest.raises(FederationError, match="0 sites admitted"):
+        Coordinator(LocalGrid(other), settings(tmp_path / "fl2"), log=lambda line: None).hello([1000, 1001, 1002])
+
+
+def test_settings_are_checked_by_key():
+    with pytest.raises(ValueError, match="unknown key 'sparsty'"):
+        Settings.from_run_config({"model": "m", "out": "o", "sparsty": 0.5})
+    with pytest.raises(ValueError, match="key 'secagg'"):
+        Settings.from_run_config({"model": "m", "out": "o", "secagg": True, "strategy": "fedspallm"})
+    with pytest.raises(ValueError, match="key 'sparsity': expected float"):
+        Settings.from_run_config({"model": "m", "out": "o", "sparsity": "half"})
+    with pytest.raises(wire.WireError, match="record 'plan': key 'blocks'"):
+        wire.config(RecordDict({"plan": __import__("flwr.app").app.ConfigRecord({"blocks": ["x"]})}), "plan",
+                    {"blocks": (list, int)})
