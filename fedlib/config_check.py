@@ -392,6 +392,20 @@ def _check_membership_scale(sc: dict, problems: _Problems) -> None:
             problems.add("privacy.membership_scale.sizes", [samples, seqlen], f"samples less than {population}")
 
 
+def _check_secagg(privacy, problems: _Problems) -> None:
+    """The cohorts are filled from the pool; targets and the other clients' rows come from the
+    membership analysis's population."""
+    sa, population = privacy.secagg(), privacy.of("run", "membership")["population"]
+    if sa["pool"] < max(sa["cohorts"]) - 1:
+        problems.add("privacy.secagg.pool", sa["pool"], f"at least the largest cohort - 1 = {max(sa['cohorts']) - 1}",
+                     "the other m - 1 clients of a cohort come from the pool")
+    samples = privacy.membership_samples("run")
+    if sa["targets"] + samples > population:
+        problems.add("privacy.secagg.targets", sa["targets"],
+                     f"at most privacy.membership.population - {samples} (a client's samples) = {population - samples}",
+                     "the targets are the population's first rows, the clients' rows the others")
+
+
 def _check_membership_shared(sh: dict, problems: _Problems) -> None:
     """Shadow data sets are partitions of the population into data sets (every row in as many)."""
     for size in sh["sizes"]:
@@ -449,6 +463,7 @@ def _check_privacy(cfg: dict, problems: _Problems) -> None:
     _check_membership_shared(privacy.shared(), problems)
     _check_attribute(cfg, privacy.attribute(), problems)
     _check_inversion_client(cfg, privacy.inversion_client(), problems)
+    _check_secagg(privacy, problems)
     for size, by_analysis in privacy.sizes.items():
         eps = by_analysis["dp"]["epsilons"]
         if not all(math.isfinite(e) for e in eps) or len(set(eps)) != len(eps):

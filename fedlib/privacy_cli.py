@@ -31,8 +31,15 @@ import math
 from pathlib import Path
 
 from fedlib.cli_args import add_dp_arguments, add_placement_arguments, dp_target_from_args, parse_data_dir, set_threads
+from fedlib.privacy_analyses import ANALYSES, BY_NAME
 
 HELP = "privacy audit of shared masks: entropy, similarity, sensitivity, membership, inversion, defence"
+
+#: the report verbs (fedlib.privacy_analyses): verb -> (the fedlib.privacy.audit_report function that
+#: writes the tables from --spec, the analyses whose tables it writes)
+REPORTS: dict[str, tuple[str, list]] = {}
+for _analysis in ANALYSES:
+    REPORTS.setdefault(_analysis.report, (_analysis.writer, []))[1].append(_analysis)
 
 
 def _epsilon(value: str) -> float:
@@ -101,13 +108,13 @@ def _pruning_args(p, blocks: bool = False) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="analysis", required=True)
 
-    p = sub.add_parser("entropy", help="bits per entry of client masks vs fp16 weights")
+    p = sub.add_parser("entropy", help=BY_NAME["entropy"].summary)
     p.add_argument("--model", required=True)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
     p.add_argument("masks", nargs="+", help="client mask files (the first is 'the' client mask)")
 
-    p = sub.add_parser("similarity", help="Hamming distances between masks from disjoint calibration sets")
+    p = sub.add_parser("similarity", help=BY_NAME["similarity"].summary)
     p.add_argument("--model", required=True)
     _pruning_args(p)
     p.add_argument("--seeds", type=int, nargs="*", help="also compute masks from calibration draws with these seeds")
@@ -119,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("masks", nargs="*", help="client mask files to compare pairwise")
 
-    p = sub.add_parser("sensitivity", help="Hamming distance between masks of data sets differing in one sample")
+    p = sub.add_parser("sensitivity", help=BY_NAME["sensitivity"].summary)
     p.add_argument("--model", required=True)
     _pruning_args(p, blocks=True)
     p.add_argument("--calib", required=True, help="token file of the data set D (e.g. a client's shard)")
@@ -128,7 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--base-mask", help="the client's shared mask file for D (checked), instead of recomputing it")
     p.add_argument("--out", required=True)
 
-    p = sub.add_parser("membership", help="LiRA membership inference on shadow masks; AUC, TPR@FPR, ε lower bound")
+    p = sub.add_parser("membership", help=BY_NAME["membership"].summary)
     _shadow_game_args(p, "the client's data set")
     p.add_argument("--epsilons", type=_epsilon, nargs="*", default=[],
                    help="also attack masks under randomized response with these per-bit ε")
@@ -150,8 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--out", required=True)
 
-    p = sub.add_parser("secagg", help="membership inference on the sum of m client masks (what secure aggregation "
-                       "shows the server) and on its global mask, per m")
+    p = sub.add_parser("secagg", help=BY_NAME["secagg"].summary)
     _shadow_game_args(p, "each client's data set")
     p.add_argument("--cohorts", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="numbers of clients m summed")
     p.add_argument("--pool", type=int, default=32, help="other clients' masks in each pool (real / attacker's)")
@@ -177,7 +183,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--out", required=True)
 
-    p = sub.add_parser("inversion", help="reconstruct calibration tokens from block-0 q_proj masks")
+    p = sub.add_parser("inversion", help=BY_NAME["inversion"].summary)
     p.add_argument("--model", required=True)
     p.add_argument("--texts", nargs="+", required=True, help="token files; rows of T tokens are the private texts")
     p.add_argument("--per-length", type=int, default=1, help="texts per token file")
@@ -223,30 +229,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--record", required=True, help="JSON: flip rates, distance to the noise-free global mask")
     p.add_argument("masks", nargs="+")
 
-    p = sub.add_parser("report", help="write the privacy report tables (Markdown + CSV) and plots from results")
-    p.add_argument("--spec", required=True, help="JSON: context, output names and result files per analysis")
-
-    p = sub.add_parser("scale-report", help="the membership attack on the whole mask at realistic sizes, per seed "
-                       "and pooled")
-    p.add_argument("--spec", required=True, help="JSON: context, output folder, per size the membership files of "
-                                                 "its seeds (fedlib.privacy.audit_report.membership_scale_table)")
-
-    p = sub.add_parser("shared-report", help="the shared-shadow membership games, per size and seed, and pooled")
-    p.add_argument("--spec", required=True, help="JSON: context, output folder, per size the membership-shared files of "
-                                                 "its seeds (fedlib.privacy.audit_report.membership_shared_table)")
-
-    p = sub.add_parser("attribute-report", help="the attribute inference games, per property and seed, and pooled")
-    p.add_argument("--spec", required=True, help="JSON: context, output folder, per property the attribute files of "
-                                                 "its seeds (fedlib.privacy.audit_report.attribute_table)")
-
-    p = sub.add_parser("inversion-client-report", help="the inversion of clients' whole calibration sets, per "
-                       "client and over clients")
-    p.add_argument("--spec", required=True, help="JSON: context, output folder, the inversion-client files "
-                                                 "(fedlib.privacy.audit_report.inversion_client_table)")
-
-    p = sub.add_parser("dp-report", help="the DP client mechanism's table: proven vs audited ε, and perplexity")
-    p.add_argument("--spec", required=True, help="JSON: context, output names, per ε the client mask, eval and "
-                                                 "membership files (fedlib.privacy.audit_report.dp_table)")
+    for verb, (writer, analyses) in REPORTS.items():
+        p = sub.add_parser(verb, help="write the tables (Markdown + CSV + HTML) and plots of " + "; ".join(
+            f"{a.name} ({a.summary})" for a in analyses))
+        p.add_argument("--spec", required=True, help=f"JSON: context, output folder, the result files "
+                                                     f"(fedlib.catalog.privacy.PrivacyCatalog.report_spec; "
+                                                     f"fedlib.privacy.audit_report.{writer})")
 
 
 # --------------------------------------------------------------------------- handlers
@@ -480,16 +468,10 @@ def _cmd_rr_aggregate(args) -> None:
          f"{record['global_hamming_vs_clean']:.4%} of the weights")
 
 
-#: the report verbs -> the fedlib.privacy.audit_report function that writes their tables from --spec
-REPORT_WRITERS = {"report": "write_reports", "dp-report": "dp_table", "scale-report": "membership_scale_table",
-                  "shared-report": "membership_shared_table",
-                  "attribute-report": "attribute_table", "inversion-client-report": "inversion_client_table"}
-
-
 def _cmd_report_tables(args) -> None:
     from fedlib.privacy import audit_report
 
-    for path in getattr(audit_report, REPORT_WRITERS[args.analysis])(json.loads(args.spec)):
+    for path in getattr(audit_report, REPORTS[args.analysis][0])(json.loads(args.spec)):
         print(f"wrote {path}")
 
 
@@ -498,7 +480,7 @@ COMMANDS = {
     "membership": _cmd_membership, "membership-shared": _cmd_membership_shared, "secagg": _cmd_secagg,
     "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
     "attribute": _cmd_attribute, "inversion-client": _cmd_inversion_client,
-    **{verb: _cmd_report_tables for verb in REPORT_WRITERS},
+    **{verb: _cmd_report_tables for verb in REPORTS},
 }
 
 

@@ -218,6 +218,31 @@ def test_robust_server_is_one_shot_only():
     schema_refuses("upload.format_version", 3)
 
 
+def test_schema_privacy_sections_are_the_registry():
+    """privacy.<name> for every analysis with sizes (fedlib.privacy_analyses), privacy.full.<name>
+    for those of the full audit; each section's keys are its defaults'."""
+    from fedlib.privacy_analyses import ANALYSES
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    privacy = schema["properties"]["privacy"]["properties"]
+
+    def keys(section):
+        return set((schema["$defs"][section["$ref"].split("/")[-1]] if "$ref" in section else section)["properties"])
+
+    sized = {a.name: a for a in ANALYSES if a.defaults}
+    assert set(privacy) - {"full"} == set(sized)
+    assert set(privacy["full"]["properties"]) == {name for name, a in sized.items() if "full" in a.sizes}
+    assert all(keys(privacy[name]) == set(a.defaults) for name, a in sized.items())
+
+
+def test_secagg_cohorts_come_from_the_pool_and_targets_from_the_population():
+    check(config_with(("privacy.secagg", {"targets": 7, "pool": 2, "cohorts": [3]})))  # 7 + 1 sample = 8 rows
+    assert_refused(config_with(("privacy.secagg", {"targets": 3, "pool": 2, "cohorts": [1, 4]})),
+                   "privacy.secagg.pool", 2, "at least the largest cohort - 1 = 3")
+    assert_refused(config_with(("privacy.secagg", {"targets": 8, "pool": 2, "cohorts": [1]})),
+                   "privacy.secagg.targets", 8, "at most privacy.membership.population - 1")
+
+
 def test_schema_zeroshot_tasks_are_the_registry():
     from fedlib.evaluate.zeroshot import ZEROSHOT_TASKS
 

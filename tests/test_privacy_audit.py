@@ -344,3 +344,22 @@ def test_membership_scale_table_pools_the_seeds_games(model, tmp_path):
     spec["sizes"][0]["seqlen"] = 16
     with pytest.raises(ValueError, match="seed0.json: a game of 2 x 8 tokens"):
         membership_scale_table(spec)
+
+
+def test_every_analysis_has_its_report_verb_and_writer():
+    """The report verbs of `fedlib privacy` are the registry's (fedlib.privacy_analyses), each with a
+    writer of fedlib.privacy.audit_report; the analyses with one report share its writer."""
+    import argparse
+
+    from fedlib import privacy_cli
+    from fedlib.cli import build_parser
+    from fedlib.privacy import audit_report
+    from fedlib.privacy_analyses import ANALYSES
+
+    privacy = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["privacy"]
+    verbs = next(a for a in privacy._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for analysis in ANALYSES:
+        assert analysis.report in verbs and privacy_cli.COMMANDS[analysis.report] is privacy_cli._cmd_report_tables
+        assert privacy_cli.REPORTS[analysis.report][0] == analysis.writer and callable(getattr(audit_report,
+                                                                                             analysis.writer))
+    assert {a.report for a in ANALYSES} == set(privacy_cli.REPORTS)

@@ -304,16 +304,30 @@ def test_test_fixture_is_what_its_script_writes(tmp_path):
     assert fresh.keys() == committed.keys() and all(fresh[k].equal(committed[k]) for k in fresh)
 
 
-#: the named privacy targets (not part of `make run`): one Snakemake run makes them all, in the folder
-#: of the real run above when it ran first (their common jobs, pools, shards, client masks, are then done)
-PRIVACY_TARGETS = ("privacy_membership_scale", "privacy_membership_shared", "privacy_attribute",
-                   "privacy_inversion_client", "privacy_dp")
-
-
 @pytest.fixture(scope="module")
 def privacy_targets(workdir):
-    snakemake(workdir, *PRIVACY_TARGETS, "--configfile", "config.yaml")
+    """The named privacy targets (not part of `make run`, fedlib.privacy_analyses): one Snakemake run
+    makes them all, in the folder of the real run above when it ran first (their common jobs, pools,
+    shards, client masks, are then done)."""
+    from fedlib.privacy_analyses import TARGETS
+
+    snakemake(workdir, *(analysis.target for analysis in TARGETS), "--configfile", "config.yaml")
     return workdir
+
+
+def test_secagg_target_runs(privacy_targets):
+    """privacy_secagg: the membership game against the sum of m client masks and its global mask, per m,
+    on the membership analysis's population and client size; the table has both views per m."""
+    import json
+
+    [path] = privacy_targets.glob("results/privacy/*/*/*/secagg.json")
+    res = json.loads(path.read_text())
+    assert [c["m"] for c in res["cohorts"]] == [1, 3]
+    assert (res["targets"], res["samples"], res["seqlen"], res["pool"], res["draws"], res["blocks"]) == \
+        (3, 1, 8, 2, 1, 1)
+    rows = list(csv.reader((privacy_targets / "reports" / "privacy_secagg.csv").open()))
+    assert [(r[0], r[1].split(" ")[0]) for r in rows[1:]] == [("1", "sum"), ("1", "global"), ("3", "sum"),
+                                                               ("3", "global")]
 
 
 def test_membership_scale_target_runs(privacy_targets):
