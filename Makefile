@@ -61,11 +61,12 @@ test: $(STAMP)
 	$(BIN)/snakefmt --check Snakefile workflow/
 	$(BIN)/python -m pytest -q -rs
 
-# the edit loop: the same but the Snakemake runs (tests marked workflow: test_workflow, test_crash),
-# and the fuzz suite with a tenth of its files (hypothesis profile "fast", tests/conftest.py)
+# the edit loop: the same but the Snakemake runs (tests marked workflow: test_workflow, test_crash)
+# and the slowest in-process tests (marked slow), and the fuzz suite with a tenth of its files
+# (hypothesis profile "fast", tests/conftest.py)
 test-fast: $(STAMP)
 	$(BIN)/snakefmt --check Snakefile workflow/
-	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q -rs -m "not workflow and not slurm and not flower"
+	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q -rs -m "not workflow and not slow and not slurm and not flower"
 
 # the HTML report of rule all's outputs (after `make run`); add named targets with
 # e.g. `make report TARGETS="all figure2 table12"` (after running them)

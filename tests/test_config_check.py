@@ -393,6 +393,7 @@ def test_sequence_lengths_within_an_embedded_models_context():
     check(config_with(("model.name", "smollm2-135m"), ("calibration.seqlen", 8192), ("server.groups", ["2:4"])))
 
 
+@pytest.mark.slow
 def test_embedded_sizes_from_the_gguf_header_are_the_models():
     """The header's sizes as transformers converts them for smollm2-135m (what the jobs load),
     and the published config of Gemma 3 270M (google/gemma-3-270m config.json)."""

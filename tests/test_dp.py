@@ -163,6 +163,7 @@ def test_reader_refuses_a_guarantee_out_of_range(tiny_model_dir, tmp_path):
             read_header(path)
 
 
+@pytest.mark.slow
 def test_membership_attack_stays_below_the_proven_epsilon(model):
     """The audit's check: the LiRA lower bound on a DP client's block-0 mask must not exceed the
     epsilon the accountant proves. Without DP the same attack's bound exceeds that epsilon, so

@@ -132,6 +132,7 @@ def test_embedded_gemma_gguf_is_assembled_and_removed(tmp_path):
     assert path.is_file()
 
 
+@pytest.mark.slow
 def test_embedded_gemma_tokenizer_offline():
     """The alias's tokenizer comes from its GGUF (no hub): Gemma 3's ids, BOS first. About
     half a minute: transformers converts the 262k-token vocabulary from the GGUF."""
