@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install install-slurm install-flower run test test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-peers clean
+.PHONY: install install-slurm install-flower run test test-fast test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-peers clean
 
 install: $(STAMP)
 
@@ -56,9 +56,17 @@ run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --report reports/report.html
 
 # the workflow's formatting (snakefmt, as the snakemake-workflows catalog), then the test suite
+# (everything but the Slurm test: what CI runs)
 test: $(STAMP)
 	$(BIN)/snakefmt --check Snakefile workflow/
 	$(BIN)/python -m pytest -q -rs
+
+# the edit loop: the same but the Snakemake runs (tests marked workflow: test_workflow, test_crash)
+# and the slowest in-process tests (marked slow), and the fuzz suite with a tenth of its files
+# (hypothesis profile "fast", tests/conftest.py)
+test-fast: $(STAMP)
+	$(BIN)/snakefmt --check Snakefile workflow/
+	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q -rs -m "not workflow and not slow and not slurm and not flower"
 
 # the HTML report of rule all's outputs (after `make run`); add named targets with
 # e.g. `make report TARGETS="all figure2 table12"` (after running them)

@@ -125,7 +125,7 @@ def main() -> None:
     results = Path(args.results)
     honest = [results / "masks" / SETTING / f"client_{c}.mask.safetensors" for c in range(N_CLIENTS)]
     windows = results / "eval_windows" / "wikitext2.safetensors"
-    workflow_global = results / "global" / SETTING / "oneshot_layer.mask.safetensors"
+    workflow_global = results / "global" / SETTING / "fedprllm_oneshot_layer.mask.safetensors"
     workflow_eval = results / "eval" / SETTING / "fedprllm_oneshot_layer_noscale.json"
     for path in [*honest, windows]:
         if not path.is_file():

@@ -12,7 +12,7 @@ import torch
 
 from common import DATA_DIR, load_bench_model, median, timed, write
 from fedlib.data import calibration_windows
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.runner import BlockRunner
 
 
@@ -37,7 +37,7 @@ def main() -> None:
     floor, wanda = [], []
     for _ in range(args.repeats):  # interleaved, so drifting machine load hits both alike
         floor += timed(lambda: two_dense_passes(model, ids, batch), 1)
-        wanda += timed(lambda: prune_locally(model, ids, "wanda", 0.5, "row", 0, batch_size=batch), 1)
+        wanda += timed(lambda: prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0, batch_size=batch)), 1)
     result = {
         "tokens": args.samples * args.seqlen,
         "floor_seconds": floor, "wanda_seconds": wanda,

@@ -20,7 +20,7 @@ import torch
 
 from bench_precision import variant
 from common import DATA_DIR, write
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.data import calibration_windows, evaluation_windows
 from fedlib.evaluate.perplexity import perplexity
 from fedlib.models import load_tokenizer, open_model
@@ -65,8 +65,8 @@ def main() -> None:
         results, seconds = {}, {}
         for dtype in ("float64", "float32"):
             start = time.perf_counter()
-            results[dtype] = prune_locally(handle, calib, method, args.sparsity, args.group, 0, batch_size=4,
-                                           method_options={"dtype": dtype})
+            pruning = Pruning(method, args.sparsity, args.group, 0, options={"dtype": dtype}, batch_size=4)
+            results[dtype] = prune_locally(handle, calib, pruning)
             seconds[dtype] = time.perf_counter() - start
         masks = {dtype: r.masks for dtype, r in results.items()}
         total = sum(m.numel() for m in masks["float64"].values())

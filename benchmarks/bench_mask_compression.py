@@ -29,7 +29,7 @@ import torch
 
 from common import DATA_DIR, OUT_DIR, load_bench_model, write
 from fedlib.provenance import source_commit
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.data import calibration_windows
 from fedlib.maskcode import MagnitudeReference, group_view
 from fedlib.maskfile import MaskFile, pack_bits, write_mask_file
@@ -119,7 +119,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for method, sparsity in runs:
             start = time.perf_counter()
-            masks = prune_locally(model, ids, method, sparsity, group, 0, blocks=blocks).masks
+            masks = prune_locally(model, ids, Pruning(method, sparsity, group, 0), blocks=blocks).masks
             prune_seconds = time.perf_counter() - start
             header = dict(fingerprint=fp, role="client", client_id="0", method=method, group=group,
                           sparsity=sparsity, allocation=method_allocation(method), n_samples=ids.shape[0], seed=0)

@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file
 
 from common import DATA_DIR, load_bench_model, median, timed, write
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.data import calibration_windows, evaluation_windows, save_tokens
 from fedlib.evaluate.perplexity import paired_ppl_ratio, perplexities
 from fedlib.models import fingerprint, linear_by_name, open_model
@@ -144,8 +144,8 @@ def main() -> None:
             decisions, peer_weights = {}, {}
             for method, group, peer_method in methods:
                 ours, theirs = seconds[method]
-                ours += timed(lambda: decisions.__setitem__(method, prune_locally(
-                    model, ids, method, args.sparsity, group, 0, batch_size=args.batch_size)), 1)
+                pruning = Pruning(method, args.sparsity, group, 0, batch_size=args.batch_size)
+                ours += timed(lambda: decisions.__setitem__(method, prune_locally(model, ids, pruning)), 1)
                 weights = tmp / f"{peer_method}.safetensors" if rep == 0 else None
                 result = run_peer(args.peer_python, model_dir, tokens, peer_method, args, tmp / "peer.json", weights)
                 theirs.append(result["seconds"])

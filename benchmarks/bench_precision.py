@@ -18,7 +18,7 @@ from common import DATA_DIR, write
 from fedlib.data import calibration_windows, evaluation_windows
 from fedlib.evaluate.perplexity import perplexity
 from fedlib.models import load_tokenizer, open_model
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.runner import BlockDecision, Placement
 
 GROUPS = {"wanda": "row", "sparsegpt": "row", "magnitude": "layer"}
@@ -56,8 +56,8 @@ def main() -> None:
         masks, seconds = {}, {}
         for label, placement in (("float32", f32), ("bfloat16", bf16)):
             start = time.perf_counter()
-            masks[label] = prune_locally(handle, calib, method, args.sparsity, group, 0, batch_size=4,
-                                         placement=placement).masks
+            pruning = Pruning(method, args.sparsity, group, 0, batch_size=4, placement=placement)
+            masks[label] = prune_locally(handle, calib, pruning).masks
             seconds[label] = time.perf_counter() - start
         total = sum(m.numel() for m in masks["float32"].values())
         agree = sum(int((masks["float32"][n] == masks["bfloat16"][n]).sum()) for n in masks["float32"])

@@ -15,13 +15,7 @@ import time
 from pathlib import Path
 
 from fedlib import __version__
-
-
-def _threads(args) -> None:
-    import torch
-
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
+from fedlib.cli_args import add_dp_arguments, add_placement_arguments, dp_target_from_args, parse_data_dir, set_threads
 
 
 def _write_json(path: Path, payload: dict) -> None:
@@ -37,26 +31,24 @@ def _print_round_times(rounds) -> None:
         print(f"round {r.round}: clients {r.seconds_clients:.1f}s, server {r.seconds_server:.1f}s")
 
 
-def _data_dir(value: str | None) -> Path | None:
-    return None if value in (None, "", "hub") else Path(value)
-
-
-def add_placement_arguments(p) -> None:
-    """``--device`` / ``--dtype`` of every verb that runs a model."""
-    p.add_argument("--device", default="auto",
-                   help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N (default auto)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="weights and activations; statistics that decide masks stay float32/float64")
-
-
 def open_placed(args):
     """(model handle, placement) from ``--model``, ``--device``, ``--dtype`` (and ``--threads``)."""
     from fedlib.models import open_model
     from fedlib.runner import Placement
 
-    _threads(args)
+    set_threads(args)
     placement = Placement.resolve(args.device, args.dtype)
     return open_model(args.model, placement.dtype), placement
+
+
+def pruning_from_args(args, placement, group: str | None = None):
+    """The local pruning of a verb that prunes (:class:`fedlib.client.Pruning`): ``--method``,
+    ``--sparsity``, ``--group`` (or ``group``), ``--seed``, ``--method-options`` (JSON),
+    ``--batch-size``, on ``placement``."""
+    from fedlib.client import Pruning
+
+    options = json.loads(args.method_options) if args.method_options else None
+    return Pruning(args.method, args.sparsity, group or args.group, args.seed, options, args.batch_size, placement)
 
 
 # --------------------------------------------------------------------------- verbs
@@ -74,7 +66,7 @@ def cmd_calibration_pool(args) -> None:
     from fedlib.models import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
-    data_dir = _data_dir(args.data_dir)
+    data_dir = parse_data_dir(args.data_dir)
     docs = tuple(args.docs) if args.docs else None
     labels = None
     if args.dataset == "mix":  # the non-IID pool: --nsamples windows from each dataset
@@ -117,12 +109,9 @@ def cmd_client_mask(args) -> None:
     ids = load_tokens(Path(args.calib))[0] if args.calib else None
     opened = time.perf_counter()
     blocks = write_client_mask(
-        handle, ids, Path(args.out), client_id=args.client_id, method=args.method, sparsity=args.sparsity,
-        group=args.group, seed=args.seed, batch_size=args.batch_size,
-        method_options=json.loads(args.method_options) if args.method_options else None,
+        handle, ids, Path(args.out), pruning_from_args(args, placement), client_id=args.client_id,
         format_version=args.format_version, round_index=args.round, global_masks=args.global_masks,
-        scale=args.scale, dp=dp_target_from_args(args), dp_noise_seed=args.dp_noise_seed, dtype=args.dtype,
-        placement=placement)
+        scale=args.scale, dp=dp_target_from_args(args), dp_noise_seed=args.dp_noise_seed, dtype=args.dtype)
     done = time.perf_counter()
     device_peak = ""
     if placement.device.type == "cuda":
@@ -134,72 +123,39 @@ def cmd_client_mask(args) -> None:
           f"{device_peak})")
 
 
-def dp_target_from_args(args):
-    """``--dp-epsilon/--dp-delta/--dp-clip`` as a :class:`fedlib.privacy.dp.DPTarget`, or None
-    without ``--dp-epsilon`` (``inf`` = the plain mechanism, recorded as no DP)."""
-    if args.dp_epsilon is None:
-        if args.dp_delta is not None or args.dp_clip is not None or getattr(args, "dp_noise_seed", None) is not None:
-            raise ValueError("--dp-delta, --dp-clip and --dp-noise-seed need --dp-epsilon")
-        return None
-    from fedlib.privacy.dp import DPTarget
-
-    if args.dp_delta is None or args.dp_clip is None:
-        raise ValueError("--dp-epsilon needs --dp-delta and --dp-clip")
-    return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip)
-
-
-def add_dp_arguments(p, noise_seed: bool = True) -> None:
-    """The DP client mechanism's budget (:mod:`fedlib.privacy.dp`)."""
-    p.add_argument("--dp-epsilon", type=float,
-                   help="sample-level (replace-one) DP: clip per-sample Wanda statistics and add Gaussian noise "
-                        "calibrated to this epsilon over all blocks (PLD accountant); inf = no DP. Wanda only")
-    p.add_argument("--dp-delta", type=float, help="the DP delta (with --dp-epsilon), e.g. 1e-5")
-    p.add_argument("--dp-clip", type=float,
-                   help="L2 bound on one sample's per-channel squared-norm vector (with --dp-epsilon)")
-    if noise_seed:
-        p.add_argument("--dp-noise-seed", type=int,
-                       help="the DP noise's seed: a secret, never written to the mask file (whoever knows it can "
-                            "remove the noise); default: fresh OS randomness. Give it only to reproduce a run")
-
-
-#: server options that belong to one strategy only (None = not given); the rest are shared
-STRATEGY_OPTIONS = ("mode", "rounds", "resources", "sampler", "rounding", "robust")
-
-
 def strategy_from_args(args):
-    """The server strategy ``--strategy`` names, with the options given on the command line
-    (each must be a field of that strategy: ``--rounds`` means nothing to FedPrLLM)."""
-    import dataclasses
-
+    """The server strategy ``--strategy`` names, with the settings given on the command line
+    (each must be one of that strategy's :attr:`~fedlib.server.strategy.Strategy.options`:
+    ``--rounds`` means nothing to FedPrLLM)."""
     from fedlib.server import STRATEGIES
 
-    if args.strategy not in STRATEGIES:
-        raise ValueError(f"--strategy {args.strategy!r}: expected one of {sorted(STRATEGIES)}")
     cls = STRATEGIES[args.strategy]
-    fields = {f.name for f in dataclasses.fields(cls)}
-    options = {"group": args.group, "sparsity": args.sparsity, "seed": args.seed}
-    for name in STRATEGY_OPTIONS:
-        value = getattr(args, name, None)
+    own = {option.field for option in cls.options}
+    settings = {"group": args.group, "sparsity": args.sparsity, "seed": args.seed}
+    for option in {option.field: option for other in STRATEGIES.values() for option in other.options}.values():
+        value = getattr(args, option.field, None)
         if value is None:
             continue
-        if name not in fields:
-            raise ValueError(f"--{name} is not an option of the {args.strategy} strategy")
-        options[name] = tuple(value) if name == "resources" else value
-    return cls(**options)
+        if option.field not in own:
+            raise ValueError(f"--{option.field} is not an option of the {args.strategy} strategy")
+        settings[option.field] = tuple(value) if option.many else value
+    return cls(**settings)
 
 
-def add_strategy_arguments(p) -> None:
-    p.add_argument("--strategy", default="fedprllm", help="server strategy: fedprllm or fedspallm")
+def add_strategy_arguments(p, aggregation: bool) -> None:
+    """``--strategy`` (:data:`fedlib.server.STRATEGIES`), the settings every strategy has, and
+    each strategy's own options (``aggregation``: also those that change only the aggregation)."""
+    from fedlib.server import STRATEGIES
+
+    p.add_argument("--strategy", default="fedprllm", choices=sorted(STRATEGIES), help="server strategy")
     p.add_argument("--group", default="layer",
                    help="server comparison group (fedprllm: layer, row, column or N:M; fedspallm: the expansion group)")
     p.add_argument("--sparsity", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds", type=int, help="fedspallm: number of rounds T")
-    p.add_argument("--resources", type=float, nargs="+",
-                   help="fedspallm: per client, the fraction of the blocks it prunes per round (layer sampling)")
-    p.add_argument("--sampler", choices=["cyclic", "independent"], help="fedspallm: layer sampler")
-    p.add_argument("--mode", choices=["one-shot", "iterative"],
-                   help="fedprllm: one round over every block (default), or one round per block")
+    for name, cls in STRATEGIES.items():
+        for option in cls.options:
+            if aggregation or not option.aggregation_only:
+                option.add_to(p, name)
 
 
 def cmd_configure(args) -> None:
@@ -254,11 +210,9 @@ def cmd_client_weights(args) -> None:
     start = time.perf_counter()
     handle, placement = open_placed(args)
     blocks = write_client_weights(
-        handle, load_tokens(Path(args.calib))[0], Path(args.out), blocks=args.blocks, client_id=args.client_id,
-        round_index=args.round, method=args.method, sparsity=args.sparsity, group=args.group, seed=args.seed,
-        weight_dtype=args.weight_dtype, batch_size=args.batch_size,
-        method_options=json.loads(args.method_options) if args.method_options else None,
-        global_weights=Path(args.global_weights) if args.global_weights else None, placement=placement)
+        handle, load_tokens(Path(args.calib))[0], Path(args.out), pruning_from_args(args, placement),
+        blocks=args.blocks, client_id=args.client_id, round_index=args.round, weight_dtype=args.weight_dtype,
+        global_weights=Path(args.global_weights) if args.global_weights else None)
     print(f"wrote {args.out}: blocks {blocks}, round {args.round}, in {time.perf_counter() - start:.1f}s")
 
 
@@ -272,7 +226,6 @@ def cmd_iterative(args) -> None:
     start = time.perf_counter()
     handle, placement = open_placed(args)
     clients = [load_tokens(Path(p))[0] for p in args.calib]
-    options = json.loads(args.method_options) if args.method_options else None
     with MaskWriter(
         Path(args.out), handle.layers(), fingerprint=handle.fingerprint(), role="global", client_id="server",
         method=FedPrLLM(mode="iterative").global_method(args.method), group=args.server_group, sparsity=args.sparsity,
@@ -283,9 +236,8 @@ def cmd_iterative(args) -> None:
             for name, mask in global_masks.items():
                 writer.add(name, mask, votes[name])
 
-        result = iterative_prune(handle, clients, args.method, args.sparsity, args.local_group,
-                                 args.server_group, args.seed, args.batch_size, method_options=options,
-                                 scale=args.scale, placement=placement, keep=False, on_round=write_round)
+        result = iterative_prune(handle, clients, pruning_from_args(args, placement, group=args.local_group),
+                                 args.server_group, scale=args.scale, keep=False, on_round=write_round)
     _write_json(Path(args.record), {
         "n_clients": len(clients), "rounds": len(result.rounds), "scale": args.scale,
         "bytes_up": result.bytes_up, "bytes_down": result.bytes_down,
@@ -365,7 +317,7 @@ def cmd_eval_windows(args) -> None:
     from fedlib.models import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
-    data_dir = _data_dir(args.data_dir)
+    data_dir = parse_data_dir(args.data_dir)
     c4_docs = tuple(args.c4_docs) if args.c4_docs else None
     windows, total = evaluation_windows(tokenizer, args.dataset, data_dir, args.seqlen,
                                         args.windows, c4_docs)
@@ -520,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("configure", cmd_configure,
              "server: what each client prunes and sends in a round (JSON: blocks per client)")
     p.add_argument("--model", required=True, help="model folder (only its number of blocks is read)")
-    add_strategy_arguments(p)
+    add_strategy_arguments(p, aggregation=False)
     p.add_argument("--clients", type=int, required=True)
     p.add_argument("--round", type=int, default=0)
     p.add_argument("--out", help="also write the plan here")
@@ -528,12 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("aggregate", cmd_aggregate,
              "server: aggregate one round's client files (fedprllm: mask files; fedspallm: weight files)")
     p.add_argument("--model", required=True)
-    add_strategy_arguments(p)
-    p.add_argument("--rounding", choices=["ceil", "floor"], help="fedspallm: expansion target, Eq. 7 (ceil)")
-    p.add_argument("--robust", metavar="RULE",
-                   help="fedprllm one-shot: count only the votes of the clients this rule does not flag; rules "
-                        "(fedlib.server.robust): mad = distance to the leave-one-out majority mask above "
-                        "median + 3.5 * 1.4826 MAD. Default: every client's votes")
+    add_strategy_arguments(p, aggregation=True)
     p.add_argument("--report", help="the outlier report (JSON: per client its distance to the consensus, "
                                     "robust z-score, flagged, used); default: OUT with .clients.json "
                                     "for .safetensors")

@@ -12,6 +12,7 @@ and the privacy audit's clients; :mod:`fedlib.federation` uses the same pieces (
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -24,6 +25,32 @@ from fedlib.runner import CPU, BlockDecision, BlockRunner, BlockStep, Placement
 def resolve_method(method: str | type[LayerPruner]) -> type[LayerPruner]:
     """A registered method name or the method class itself."""
     return get_method(method) if isinstance(method, str) else method
+
+
+@dataclass(frozen=True)
+class Pruning:
+    """How a client prunes, one record for every caller that computes local masks (clients,
+    baselines, simulations, the privacy audit's shadow and neighbour masks): the local
+    ``method`` (a name of :data:`fedlib.methods.METHODS`, or the class) with its constructor
+    ``options``, the target ``sparsity`` (a float, or per layer), the local comparison
+    ``group``, the tie-break ``seed``, the calibration ``batch_size`` and the ``placement``
+    (device and dtype) it computes on."""
+
+    method: str | type[LayerPruner] = "wanda"
+    sparsity: float | Mapping[str, float] = 0.5
+    group: str = "row"
+    seed: int = 0
+    options: Mapping = field(default_factory=dict)
+    batch_size: int = 8
+    placement: Placement = CPU
+
+    def __post_init__(self):
+        object.__setattr__(self, "options", dict(self.options or {}))  # None: no options
+
+    @property
+    def factory(self) -> type[LayerPruner]:
+        """The method's class."""
+        return resolve_method(self.method)
 
 
 def decide_block(
@@ -52,41 +79,34 @@ def decide_block(
     return decision
 
 
-def plan_sparsity(method: type[LayerPruner], handle: ModelHandle, input_ids: torch.Tensor | None,
-                  sparsity: float | Mapping[str, float], group: str, options: Mapping,
-                  batch_size: int = 8, placement: Placement = CPU) -> float | Mapping[str, float]:
+def plan_sparsity(handle: ModelHandle, input_ids: torch.Tensor | None,
+                  pruning: Pruning) -> float | Mapping[str, float]:
     """The method's per-layer ratios from its planning pass (:meth:`LayerPruner.plan`, OWL's
     dense pre-pass); an explicit per-layer mapping is always used as given. Call once per
     client, before its pruning pass."""
-    if isinstance(sparsity, Mapping):
-        return sparsity
-    return method.plan(handle, input_ids, sparsity, group=group, options=options, batch_size=batch_size,
-                       placement=placement)
+    if isinstance(pruning.sparsity, Mapping):
+        return pruning.sparsity
+    return pruning.factory.plan(handle, input_ids, pruning.sparsity, group=pruning.group, options=pruning.options,
+                                batch_size=pruning.batch_size, placement=pruning.placement)
 
 
-def block_sparsity(method: type[LayerPruner], step: BlockStep, client: int, pruners: Mapping[str, LayerPruner],
-                   sparsity: float | Mapping[str, float], group: str, seed: int,
-                   options: Mapping) -> float | Mapping[str, float]:
-    """The ratios to prune the step's block at for ``client``, after :meth:`BlockStep.collect`
-    (:meth:`LayerPruner.allocate_block`, BESA's learned allocation); an explicit per-layer
-    mapping is always used as given."""
-    if isinstance(sparsity, Mapping):
-        return sparsity
-    return method.allocate_block(step, client, pruners, sparsity, group, seed, options)
+def block_sparsity(step: BlockStep, client: int, pruners: Mapping[str, LayerPruner],
+                   ratios: float | Mapping[str, float], pruning: Pruning) -> float | Mapping[str, float]:
+    """The ratios to prune the step's block at for ``client`` (its planned ``ratios`` in, after
+    :meth:`BlockStep.collect`: :meth:`LayerPruner.allocate_block`, BESA's learned allocation);
+    an explicit per-layer mapping is always used as given."""
+    if isinstance(ratios, Mapping):
+        return ratios
+    return pruning.factory.allocate_block(step, client, pruners, ratios, pruning.group, pruning.seed,
+                                          pruning.options)
 
 
 def prune_locally(
     model: nn.Module | ModelHandle,
     input_ids: torch.Tensor | None,
-    method: str | type[LayerPruner],
-    sparsity: float | Mapping[str, float],
-    group: str,
-    seed: int,
-    batch_size: int = 8,
-    method_options: Mapping | None = None,
+    pruning: Pruning,
     on_block: Callable[[int, BlockDecision], None] | None = None,
     *,
-    placement: Placement = CPU,
     blocks: int | None = None,
     keep: bool = True,
 ) -> BlockDecision:
@@ -100,23 +120,23 @@ def prune_locally(
     masks (and updated weights) of the pruned linears, on the host; the model itself is left
     unchanged."""
     handle = ModelHandle.of(model)
-    factory = resolve_method(method)
-    options = dict(method_options or {})
+    factory = pruning.factory
     result = BlockDecision(masks={})
+    sparsity = pruning.sparsity
     if factory.needs_calibration:
         if input_ids is None:
             raise ValueError(f"method {factory.name!r} needs calibration data")
-        sparsity = plan_sparsity(factory, handle, input_ids, sparsity, group, options, batch_size, placement)
-        runner = BlockRunner(handle, [input_ids], placement, batch_size)
+        sparsity = plan_sparsity(handle, input_ids, pruning)
+        runner = BlockRunner(handle, [input_ids], pruning.placement, pruning.batch_size)
     else:  # data-free: no activations, blocks only
-        runner = BlockRunner(handle, [], placement, batch_size)
+        runner = BlockRunner(handle, [], pruning.placement, pruning.batch_size)
     for step in runner.steps(blocks):
-        pruners = {name: factory(linear, name, **options) for name, linear in step.linears.items()}
+        pruners = {name: factory(linear, name, **pruning.options) for name, linear in step.linears.items()}
         ratios = sparsity
         if runner.n_clients:
             step.collect(0, pruners)
-            ratios = block_sparsity(factory, step, 0, pruners, sparsity, group, seed, options)
-        decision = decide_block(pruners, ratios, group, seed)
+            ratios = block_sparsity(step, 0, pruners, sparsity, pruning)
+        decision = decide_block(pruners, ratios, pruning.group, pruning.seed)
         del pruners
         if runner.n_clients:
             step.propagate(0, decision)

@@ -73,6 +73,7 @@ def validate_config(config: Mapping, workdir: Path) -> None:
     _check_clients(cfg, problems)
     _check_groups(cfg, problems)
     _check_methods(cfg, problems)
+    _check_server(cfg, problems)
     _check_data(cfg, workdir, problems)
     model = _model_config(cfg["model"]["name"], workdir, problems)
     if model is not None:
@@ -161,6 +162,14 @@ def _check_groups(cfg: dict, problems: _Problems) -> None:
         nm = _nm(group)
         if group not in UNSTRUCTURED and (nm is None or not nm[0] < nm[1]):
             problems.add(key, group, GROUPS_ALLOWED)
+
+
+def _check_server(cfg: dict, problems: _Problems) -> None:
+    """A robust server screens the clients of one round: FedPrLLM one-shot only."""
+    robust, schedules = cfg["server"].get("robust"), cfg["server"]["schedules"]
+    if robust is not None and "iterative" in schedules:
+        problems.add("server.robust", robust, "null with iterative in server.schedules",
+                     "each round of iterative FedPrLLM would exclude its own clients")
 
 
 def _check_methods(cfg: dict, problems: _Problems) -> None:
@@ -383,6 +392,20 @@ def _check_membership_scale(sc: dict, problems: _Problems) -> None:
             problems.add("privacy.membership_scale.sizes", [samples, seqlen], f"samples less than {population}")
 
 
+def _check_secagg(privacy, problems: _Problems) -> None:
+    """The cohorts are filled from the pool; targets and the other clients' rows come from the
+    membership analysis's population."""
+    sa, population = privacy.secagg(), privacy.of("run", "membership")["population"]
+    if sa["pool"] < max(sa["cohorts"]) - 1:
+        problems.add("privacy.secagg.pool", sa["pool"], f"at least the largest cohort - 1 = {max(sa['cohorts']) - 1}",
+                     "the other m - 1 clients of a cohort come from the pool")
+    samples = privacy.membership_samples("run")
+    if sa["targets"] + samples > population:
+        problems.add("privacy.secagg.targets", sa["targets"],
+                     f"at most privacy.membership.population - {samples} (a client's samples) = {population - samples}",
+                     "the targets are the population's first rows, the clients' rows the others")
+
+
 def _check_membership_shared(sh: dict, problems: _Problems) -> None:
     """Shadow data sets are partitions of the population into data sets (every row in as many)."""
     for size in sh["sizes"]:
@@ -440,6 +463,7 @@ def _check_privacy(cfg: dict, problems: _Problems) -> None:
     _check_membership_shared(privacy.shared(), problems)
     _check_attribute(cfg, privacy.attribute(), problems)
     _check_inversion_client(cfg, privacy.inversion_client(), problems)
+    _check_secagg(privacy, problems)
     for size, by_analysis in privacy.sizes.items():
         eps = by_analysis["dp"]["epsilons"]
         if not all(math.isfinite(e) for e in eps) or len(set(eps)) != len(eps):

@@ -21,18 +21,17 @@ import math
 import os
 import statistics
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedlib.io import write_text_atomic
 from fedlib.report import provenance_lines, write_table
 
-#: how an upload is sized: column title -> size of an upload file in bytes. Format version 1 is
-#: the file as sent; another encoding of the same masks (format version 2) is one more entry.
-UPLOAD_SIZES: dict[str, Callable[[Path], int]] = {
-    "format v1 (as sent)": lambda path: os.path.getsize(path),
-}
+def upload_title(version: int) -> str:
+    """The transfer table's column of uploads in mask file format ``version``, as sent
+    (``upload.format_version``; FedSpaLLM's weight files pack their masks as version 1)."""
+    return f"format v{version} (as sent)"
 
 
 # --------------------------------------------------------------------------- transfer sizes
@@ -46,8 +45,8 @@ def _client_header_fields(header) -> dict:
             "extra": header.extra}
 
 
-def _upload_sizes(path: Path) -> dict[str, int]:
-    return {title: size(path) for title, size in UPLOAD_SIZES.items()}
+def _upload_sizes(path: Path, version: int) -> dict[str, int]:
+    return {upload_title(version): os.path.getsize(path)}
 
 
 def _numel(layers) -> int:
@@ -59,13 +58,15 @@ def fedprllm_transfer(model: Path, clients: Sequence[Path], global_file: Path, w
 
     ``clients``: the one-shot client mask files; ``global_file``: a one-shot global file (its
     masks and votes make the iterative rounds' global files: sizes do not depend on the bits)."""
+    from fedlib.maskcode import MagnitudeReference
     from fedlib.maskfile import MaskFile, MaskWriter
     from fedlib.models import open_model
     from fedlib.server.fedprllm import FedPrLLM
 
     handle = open_model(str(model), weights=False)
     layers, fingerprint = handle.layers(), handle.fingerprint()
-    files = [MaskFile(Path(p), fingerprint, layers) for p in clients]
+    reference = MagnitudeReference.of_model(handle)  # decodes version 2 uploads
+    files = [MaskFile(Path(p), fingerprint, layers, reference=reference) for p in clients]
     for f in files:
         if f.header.role != "client":
             raise ValueError(f"{f.path}: field 'role': expected a client mask file, got {f.header.role!r}")
@@ -75,7 +76,8 @@ def fedprllm_transfer(model: Path, clients: Sequence[Path], global_file: Path, w
     d = _numel(layers)
     oneshot = {
         "strategy": "FedPrLLM one-shot", "group": server.header.group,
-        "rounds": [{"up": [_upload_sizes(f.path) for f in files], "down": [0] * len(files),
+        "rounds": [{"up": [_upload_sizes(f.path, f.header.format_version) for f in files],
+                    "down": [0] * len(files),
                     "up_parameters": d, "down_parameters": 0}],
         "final_download": os.path.getsize(global_file), "final_download_parameters": d,
     }
@@ -90,10 +92,12 @@ def fedprllm_transfer(model: Path, clients: Sequence[Path], global_file: Path, w
             up = []
             for f in files:  # one client's block in memory at a time, as a client sends it
                 path = tmp / f"client_{f.header.client_id}_round{block}.mask.safetensors"
-                with MaskWriter(path, current, **_client_header_fields(f.header)) as writer:
+                with MaskWriter(path, current, **_client_header_fields(f.header),
+                                format_version=f.header.format_version,
+                                reference=reference if f.header.format_version == 2 else None) as writer:
                     for info in current:
                         writer.add(info.name, f.layer_mask(info.name))
-                up.append(_upload_sizes(path))
+                up.append(_upload_sizes(path, f.header.format_version))
                 path.unlink()
             down = 0
             if settled:
@@ -130,7 +134,7 @@ def fedspallm_transfer(record: Path) -> dict:
                          f"bytes_down ({err})") from None
     return {
         "strategy": "FedSpaLLM", "group": "-",
-        "rounds": [{"up": [{next(iter(UPLOAD_SIZES)): round(u / n)}] * n, "down": [round(dn / n)] * n,
+        "rounds": [{"up": [{upload_title(1): round(u / n)}] * n, "down": [round(dn / n)] * n,
                     "up_parameters": None, "down_parameters": None} for u, dn in rounds],
         "final_download": None, "final_download_parameters": None,  # not in the record
     }
@@ -140,7 +144,9 @@ def fedspallm_transfer(record: Path) -> dict:
 
 
 def _up(round_: dict, title: str | None = None) -> list[int]:
-    title = title or next(iter(UPLOAD_SIZES))
+    """Each client's upload in ``round_``: as sent, or its size under ``title`` (None if it has none)."""
+    if title is None:
+        return [next(iter(sizes.values())) for sizes in round_["up"]]
     return [sizes.get(title) for sizes in round_["up"]]
 
 
@@ -150,7 +156,7 @@ def _count(value) -> str:
 
 def transfer_rows(strategies: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
     """Columns and rows of the Table 3 analogue; per-client figures are the largest client's."""
-    titles = list(UPLOAD_SIZES)
+    titles = list(dict.fromkeys(title for s in strategies for r in s["rounds"] for sizes in r["up"] for title in sizes))
     columns = ["Strategy", "Server group", "Rounds", "Upload / client / round (bytes)"]
     columns += [f"Upload / client, total, {t}" for t in titles]
     columns += ["Upload / client (mask entries)", "Download / client in rounds (bytes)",
@@ -422,8 +428,8 @@ def fedspallm_record(catalog) -> str:
 def time_spec(catalog, bench: str) -> dict:
     """The cost_time table's spec: the default setting's jobs' benchmark files under ``bench``
     (Centralized, Local-only = the client jobs, FedPrLLM one-shot per server group, and the
-    simulated iterative runs when server.strategies has them)."""
-    from fedlib.catalog.variants import Split, group_path
+    simulated iterative runs when server.schedules has them)."""
+    from fedlib.catalog.variants import Split, Variant
 
     calib, split, prune = catalog.setting()
     where = f"{calib}/{split}/{prune}"
@@ -431,16 +437,17 @@ def time_spec(catalog, bench: str) -> dict:
     rows = [{"cells": ["Centralized", "-", "-"], "client": [f"{bench}/centralized_mask/{calib}/{prune}.tsv"]},
             {"cells": ["Local-only", "-", "-"], "client": clients}]
     server = catalog.config["server"]
-    strategies = server.get("strategies", ["oneshot"])
+    schedules = server.get("schedules", ["oneshot"])
     for group in server["groups"]:
+        stem = Variant.fedprllm("oneshot", group, False).global_stem
         rows.append({"cells": ["FedPrLLM", group.capitalize(), "One-shot"], "client": clients,
-                     "server": [f"{bench}/aggregate/{where}/oneshot_{group_path(group)}.tsv"]})
-    if "iterative" in strategies:
+                     "server": [f"{bench}/aggregate/{where}/{stem}.tsv"]})
+    if "iterative" in schedules:
         for scaled in server["scaling"]:
-            run = "iterative-scaled" if scaled else "iterative"
             for group in server["groups"]:
+                stem = Variant.fedprllm("iterative", group, scaled).global_stem
                 rows.append({"cells": ["FedPrLLM", group.capitalize(), "Iterative" + (" (scaled)" if scaled else "")],
-                             "server": [f"{bench}/iterative/{where}/{run}_{group_path(group)}.tsv"]})
+                             "server": [f"{bench}/iterative/{where}/{stem}.tsv"]})
     return {"columns": ["Method", "Server group", "Pruning strategy"], "rows": rows}
 
 

@@ -52,9 +52,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from fedlib.methods import get_method
 from fedlib.models import LayerInfo, ModelHandle
-from fedlib.client import block_sparsity, decide_block, plan_sparsity, prune_locally
+from fedlib.client import Pruning, block_sparsity, decide_block, plan_sparsity, prune_locally
 from fedlib.runner import CPU, BlockDecision, BlockRunner, BlockStep, Placement
 from fedlib.server.fedprllm import FedPrLLM, VoteHook, scale_factors
 from fedlib.server.fedspallm import FedSpaLLM, uncovered_blocks
@@ -174,11 +173,12 @@ def communication_cost(layers: Sequence[LayerInfo], n_clients: int, mode: str, s
 # --------------------------------------------------------------------------- FedPrLLM
 
 
-def _fedprllm(server_group: str, sparsity: float | Mapping[str, float], seed: int, mode: str,
+def _fedprllm(server_group: str, pruning: Pruning, mode: str,
               server_sparsity: float | Mapping[str, float] | None, hook: VoteHook | None) -> FedPrLLM:
-    """The server of a simulated FedPrLLM federation (module docstring for the targets)."""
-    return FedPrLLM(group=server_group, sparsity=sparsity if server_sparsity is None else server_sparsity,
-                    seed=seed, mode=mode, follow_client_plan=server_sparsity is None, hook=hook)
+    """The server of a simulated FedPrLLM federation of clients that prune as ``pruning`` says
+    (module docstring for the targets)."""
+    return FedPrLLM(group=server_group, sparsity=pruning.sparsity if server_sparsity is None else server_sparsity,
+                    seed=pruning.seed, mode=mode, follow_client_plan=server_sparsity is None, hook=hook)
 
 
 def _aggregators(strategy: FedPrLLM, infos: Sequence[LayerInfo], n: int, allocation: str) -> dict[str, LayerAggregator]:
@@ -188,29 +188,24 @@ def _aggregators(strategy: FedPrLLM, infos: Sequence[LayerInfo], n: int, allocat
 def iterative_prune(
     model: nn.Module | ModelHandle,
     client_input_ids: Sequence[torch.Tensor | None],
-    method: str,
-    sparsity: float | Mapping[str, float],
-    local_group: str,
+    pruning: Pruning,
     server_group: str,
-    seed: int,
-    batch_size: int = 8,
     *,
-    method_options: Mapping | None = None,
     scale: bool = False,
     keep_round_masks: bool = False,
     on_round: Callable[[RoundRecord, dict, dict], None] | None = None,
     server_sparsity: float | Mapping[str, float] | None = None,
     hook: VoteHook | None = None,
-    placement: Placement = CPU,
     keep: bool = True,
 ) -> FederatedResult:
-    """Iterative FedPrLLM: one round per decoder block (module docstring).
+    """Iterative FedPrLLM: one round per decoder block (module docstring); every client prunes
+    as ``pruning`` says (its group is the clients' local group).
 
     Returns the global masks, the vote counts, and one :class:`RoundRecord` per block (bytes up
     = sum over clients of the block's packed masks, bytes down = the global masks broadcast to
     every client; with ``keep_round_masks`` also each client's local masks and the global masks
     of that round). The server prunes each layer at ``server_sparsity`` when given, else as the
-    module docstring says (the clients' mean for OWL / BESA, ``sparsity`` otherwise); ``hook``
+    module docstring says (the clients' mean for OWL / BESA, ``pruning.sparsity`` otherwise); ``hook``
     is a defence on its votes. ``on_round`` sees each round's record with its global masks and
     votes; with ``keep=False`` the result keeps neither (a large model streams them to the mask
     file instead). The model is left unchanged.
@@ -219,21 +214,17 @@ def iterative_prune(
     if n == 0:
         raise ValueError("iterative pruning needs at least one client")
     handle = ModelHandle.of(model)
-    factory = get_method(method)
-    strategy = _fedprllm(server_group, sparsity, seed, "iterative", server_sparsity, hook)
-    options = dict(method_options or {})
-    client_sparsity = [sparsity] * n
+    factory = pruning.factory
+    strategy = _fedprllm(server_group, pruning, "iterative", server_sparsity, hook)
+    client_sparsity = [pruning.sparsity] * n
     inputs = []
     if factory.needs_calibration:
         if any(ids is None for ids in client_input_ids):
-            raise ValueError(f"method {method!r} needs calibration data for every client")
+            raise ValueError(f"method {factory.name!r} needs calibration data for every client")
         # OWL-style planned ratios: each client plans on its own data, before the pruning pass
-        client_sparsity = [
-            plan_sparsity(factory, handle, ids, sparsity, local_group, options, batch_size, placement)
-            for ids in client_input_ids
-        ]
+        client_sparsity = [plan_sparsity(handle, ids, pruning) for ids in client_input_ids]
         inputs = list(client_input_ids)
-    runner = BlockRunner(handle, inputs, placement, batch_size)
+    runner = BlockRunner(handle, inputs, pruning.placement, pruning.batch_size)
     result = FederatedResult("iterative", {}, {}, n)
     for step in runner.steps():
         index = step.index
@@ -247,8 +238,7 @@ def iterative_prune(
             if index not in plan.blocks[c]:
                 continue
             start = time.perf_counter()
-            masks = _client_block_masks(factory, step, c if runner.n_clients else None, client_sparsity[c],
-                                        local_group, seed, options)
+            masks = _client_block_masks(step, c if runner.n_clients else None, client_sparsity[c], pruning)
             for name, mask in masks.items():
                 layers[name].add(str(c), mask)
             if kept_masks is not None:
@@ -277,31 +267,25 @@ def iterative_prune(
     return result
 
 
-def _client_block_masks(factory, step: BlockStep, client: int | None, ratios, local_group: str, seed: int,
-                        options: Mapping) -> dict[str, torch.Tensor]:
+def _client_block_masks(step: BlockStep, client: int | None, ratios, pruning: Pruning) -> dict[str, torch.Tensor]:
     """A client's local masks of the block in ``step`` in iterative FedPrLLM (``client``: its
-    activations on the runner; None for a method without calibration data)."""
-    pruners = {name: factory(linear, name, **options) for name, linear in step.linears.items()}
+    activations on the runner; None for a method without calibration data), at its planned
+    ``ratios``."""
+    pruners = {name: pruning.factory(linear, name, **pruning.options) for name, linear in step.linears.items()}
     if client is not None:
         step.collect(client, pruners)
-        ratios = block_sparsity(factory, step, client, pruners, ratios, local_group, seed, options)
-    return decide_block(pruners, ratios, local_group, seed).masks
+        ratios = block_sparsity(step, client, pruners, ratios, pruning)
+    return decide_block(pruners, ratios, pruning.group, pruning.seed).masks
 
 
 def iterative_client(
     model: nn.Module | ModelHandle,
     input_ids: torch.Tensor | None,
     round_index: int,
-    method: str,
-    sparsity: float | Mapping[str, float],
-    local_group: str,
-    seed: int,
-    batch_size: int = 8,
+    pruning: Pruning,
     *,
     global_masks: Mapping[str, torch.Tensor],
     factors: Mapping[str, torch.Tensor] | None = None,
-    method_options: Mapping | None = None,
-    placement: Placement = CPU,
 ) -> dict[str, torch.Tensor]:
     """One client's round ``l`` of iterative FedPrLLM from files: its activations go through
     blocks ``0..l-1`` under the server's ``global_masks`` (times ``factors`` when the federation
@@ -312,18 +296,16 @@ def iterative_client(
     handle = ModelHandle.of(model)
     if not 0 <= round_index < handle.n_blocks:
         raise ValueError(f"round {round_index}: the model has blocks 0..{handle.n_blocks - 1}")
-    factory = get_method(method)
-    options = dict(method_options or {})
-    ratios, inputs = sparsity, []
-    if factory.needs_calibration:
+    ratios, inputs = pruning.sparsity, []
+    if pruning.factory.needs_calibration:
         if input_ids is None:
-            raise ValueError(f"method {method!r} needs calibration data")
-        ratios = plan_sparsity(factory, handle, input_ids, sparsity, local_group, options, batch_size, placement)
+            raise ValueError(f"method {pruning.factory.name!r} needs calibration data")
+        ratios = plan_sparsity(handle, input_ids, pruning)
         inputs = [input_ids]
-    runner = BlockRunner(handle, inputs, placement, batch_size)
+    runner = BlockRunner(handle, inputs, pruning.placement, pruning.batch_size)
     for step in runner.steps(limit=round_index + 1):
         if step.index == round_index:
-            return _client_block_masks(factory, step, 0 if inputs else None, ratios, local_group, seed, options)
+            return _client_block_masks(step, 0 if inputs else None, ratios, pruning)
         if inputs:
             missing = sorted(set(step.linears) - set(global_masks))
             if missing:
@@ -336,28 +318,22 @@ def iterative_client(
 def one_shot_prune(
     model: nn.Module,
     client_input_ids: Sequence[torch.Tensor | None],
-    method: str,
-    sparsity: float | Mapping[str, float],
-    local_group: str,
+    pruning: Pruning,
     server_group: str,
-    seed: int,
-    batch_size: int = 8,
     *,
-    method_options: Mapping | None = None,
     keep_client_masks: bool = False,
     hook: VoteHook | None = None,
-    placement: Placement = CPU,
 ) -> FederatedResult:
-    """One-shot FedPrLLM in memory: every client runs :func:`prune_locally`, votes are counted
-    as blocks finish (client masks are not kept unless asked), the server selects per layer."""
+    """One-shot FedPrLLM in memory: every client runs :func:`prune_locally` with ``pruning``, votes
+    are counted as blocks finish (client masks are not kept unless asked), the server selects per
+    layer."""
     n = len(client_input_ids)
     if n == 0:
         raise ValueError("one-shot pruning needs at least one client")
     handle = ModelHandle.of(model)
-    factory = get_method(method)
-    strategy = _fedprllm(server_group, sparsity, seed, "one-shot", None, hook)  # one round, every block
+    strategy = _fedprllm(server_group, pruning, "one-shot", None, hook)  # one round, every block
     layers = handle.layers()
-    aggregators = _aggregators(strategy, layers, n, factory.allocation)
+    aggregators = _aggregators(strategy, layers, n, pruning.factory.allocation)
     record = communication_cost(layers, n, "one-shot").rounds[0]
     kept = [] if keep_client_masks else None
 
@@ -367,9 +343,7 @@ def one_shot_prune(
                 aggregators[name].add(client, mask)
 
         start = time.perf_counter()
-        local = prune_locally(handle, ids, factory, sparsity, local_group, seed, batch_size, method_options,
-                              on_block=add if kept is None else None, placement=placement,
-                              keep=kept is not None)
+        local = prune_locally(handle, ids, pruning, on_block=add if kept is None else None, keep=kept is not None)
         if kept is not None:
             add(-1, local)
             kept.append(local.masks)
@@ -390,39 +364,30 @@ def _fedspallm_round(
     handle: ModelHandle,
     inputs: Sequence[torch.Tensor],
     blocks: Sequence[Sequence[int]],
-    sparsity: float | Mapping[str, float],
-    seed: int,
+    pruning: Pruning,
     *,
-    group: str,
-    batch_size: int,
-    method: str,
-    method_options: Mapping | None,
     global_weights: Mapping[str, torch.Tensor],
     global_masks: Mapping[str, torch.Tensor],
     on_block: Callable[[int, int, BlockDecision], None],
-    placement: Placement,
     after_block: Callable[[int], None] | None = None,
 ) -> list[float]:
     """One FedSpaLLM round of every client in ``inputs`` on one :class:`BlockRunner` (each
-    block is made resident once for all of them): client ``c`` prunes ``blocks[c]`` starting
-    from the current global weights of those blocks (SparseGPT with its OBS update by default);
+    block is made resident once for all of them): client ``c`` prunes ``blocks[c]`` as
+    ``pruning`` says, starting from the current global weights of those blocks (SparseGPT with
+    its OBS update, FedSpaLLM's method);
     its activations pass through its own pruned version of sampled blocks and the dense base
     weights of unsampled ones (Eq. 9); nothing after its last sampled block is run.
     ``on_block(client, index, decision)`` receives each upload (masks and weights of every
     linear of the block, 0 where pruned, on the compute device); ``after_block(index)`` runs once every
     client is done with the block. Returns each client's compute seconds."""
-    factory = get_method(method)  # any method works; without an update the upload is the masked weights
-    options = dict(method_options or {})
+    factory = pruning.factory  # any method works; without an update the upload is the masked weights
     sampled = [sorted(set(int(b) for b in client_blocks)) for client_blocks in blocks]
-    ratios = [
-        plan_sparsity(factory, handle, ids, sparsity, group, options, batch_size, placement) if s else sparsity
-        for ids, s in zip(inputs, sampled)
-    ]
+    ratios = [plan_sparsity(handle, ids, pruning) if s else pruning.sparsity for ids, s in zip(inputs, sampled)]
     last = [s[-1] if s else -1 for s in sampled]
     seconds = [0.0] * len(inputs)
     if max(last, default=-1) < 0:
         return seconds
-    runner = BlockRunner(handle, inputs, placement, batch_size)
+    runner = BlockRunner(handle, inputs, pruning.placement, pruning.batch_size)
     for step in runner.steps(max(last) + 1):
         for c in range(runner.n_clients):
             if step.index > last[c]:
@@ -431,10 +396,10 @@ def _fedspallm_round(
             decision = None
             if step.index in sampled[c]:
                 with step.weights_replaced(masks=global_masks, weights=global_weights):
-                    pruners = {name: factory(linear, name, **options) for name, linear in step.linears.items()}
+                    pruners = {name: factory(linear, name, **pruning.options) for name, linear in step.linears.items()}
                     step.collect(c, pruners)
-                    block_ratios = block_sparsity(factory, step, c, pruners, ratios[c], group, seed, options)
-                    decision = decide_block(pruners, block_ratios, group, seed, upload_weights=True)
+                    block_ratios = block_sparsity(step, c, pruners, ratios[c], pruning)
+                    decision = decide_block(pruners, block_ratios, pruning.group, pruning.seed, upload_weights=True)
                     del pruners
             if step.index < last[c]:
                 step.propagate(c, decision)  # None: Eq. 9, unsampled blocks stay dense on the client
@@ -450,20 +415,15 @@ def fedspallm_client(
     model: nn.Module | ModelHandle,
     input_ids: torch.Tensor,
     blocks: Sequence[int],
-    sparsity: float | Mapping[str, float],
-    seed: int,
+    pruning: Pruning,
     *,
-    group: str = "layer",
-    batch_size: int = 8,
-    method: str = "sparsegpt_update",
-    method_options: Mapping | None = None,
     global_weights: Mapping[str, torch.Tensor] | None = None,
     global_masks: Mapping[str, torch.Tensor] | None = None,
     on_block: Callable[[int, BlockDecision], None] | None = None,
     keep: bool = True,
-    placement: Placement = CPU,
 ) -> BlockDecision:
-    """One FedSpaLLM client round (see :func:`_fedspallm_round`): prune ``blocks`` starting
+    """One FedSpaLLM client round (see :func:`_fedspallm_round`): prune ``blocks`` as ``pruning``
+    says (FedSpaLLM's clients: ``sparsegpt_update`` with a layer group) starting
     from ``global_weights`` / ``global_masks`` (dense base weights where absent). Returns (when
     ``keep``) masks and updated weights (0 where pruned) of the sampled blocks' linears, on the
     host; ``on_block`` streams them (on the compute device)."""
@@ -476,10 +436,8 @@ def fedspallm_client(
         if on_block is not None:
             on_block(index, decision)
 
-    _fedspallm_round(ModelHandle.of(model), [input_ids], [blocks], sparsity, seed, group=group,
-                     batch_size=batch_size, method=method, method_options=method_options,
-                     global_weights=global_weights or {}, global_masks=global_masks or {},
-                     on_block=upload, placement=placement)
+    _fedspallm_round(ModelHandle.of(model), [input_ids], [blocks], pruning, global_weights=global_weights or {},
+                     global_masks=global_masks or {}, on_block=upload)
     return result
 
 
@@ -548,6 +506,8 @@ def fedspallm_prune(
             "raise resources or rounds (cyclic sampling covers all blocks once sum(k_i) * T >= L), "
             "or pass allow_uncovered=True"
         )
+    pruning = Pruning(strategy.method, strategy.sparsity, client_group, strategy.seed, method_options, batch_size,
+                      placement)
     dtype = {"float16": torch.float16, "float32": torch.float32}[strategy.weight_dtype]
     wbytes = torch.empty((), dtype=dtype).element_size()
     gweights: dict[str, torch.Tensor] = {}
@@ -581,12 +541,8 @@ def fedspallm_prune(
                 gweights[name], gmasks[name], gvotes[name] = layer.weight, layer.mask, layer.votes
             rec.seconds_server += time.perf_counter() - start
 
-        seconds = _fedspallm_round(
-            handle, list(client_input_ids), row, strategy.sparsity, strategy.seed, group=client_group,
-            batch_size=batch_size, method=strategy.method, method_options=method_options,
-            global_weights=gweights, global_masks=gmasks, on_block=stream, placement=placement,
-            after_block=aggregate,
-        )
+        seconds = _fedspallm_round(handle, list(client_input_ids), row, pruning, global_weights=gweights,
+                                   global_masks=gmasks, on_block=stream, after_block=aggregate)
         rec.seconds_clients = sum(seconds)
         rounds.append(rec)
     order = [info.name for info in infos if info.name in gweights]
@@ -594,20 +550,3 @@ def fedspallm_prune(
         weights={k: gweights[k] for k in order}, masks={k: gmasks[k] for k in order},
         votes={k: gvotes[k] for k in order}, rounds=rounds, uncovered=uncovered, n_clients=n,
     )
-
-
-def standalone_prune(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    sparsity: float,
-    seed: int,
-    *,
-    group: str = "layer",
-    batch_size: int = 8,
-    method: str = "sparsegpt_update",
-    method_options: Mapping | None = None,
-) -> BlockDecision:
-    """FedSpaLLM's Standalone baseline: one client's own pruned model (SparseGPT with update on
-    its data alone): masks and updated weights of every prunable linear. Evaluate it by loading
-    ``weights`` into a copy of the model (:func:`fedlib.weightfile.apply_weights`)."""
-    return prune_locally(model, input_ids, method, sparsity, group, seed, batch_size, method_options)

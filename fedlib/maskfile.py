@@ -56,6 +56,7 @@ from fedlib.groups import GROUPS, expected_pruned, group_sparsity, parse_nm, pru
 from fedlib.io import SAFETENSORS_DTYPES, SafetensorsWriter, safetensors_layout, write_safetensors
 from fedlib.methods import METHODS
 from fedlib.models import DTYPES, LayerInfo
+from fedlib.protocol import ROBUST_RULES, ROUNDINGS, SCHEDULES
 
 FORMAT = "fedlib-mask"
 FORMAT_VERSION = 1
@@ -392,12 +393,10 @@ def _client_list(value):
 
 
 def _robust_rule(text: str) -> str:
-    """``<rule>:k=<k>`` of :data:`fedlib.server.robust.RULES`, as the robust server writes it."""
-    from fedlib.server.robust import RULES
-
+    """``<rule>:k=<k>`` of :data:`fedlib.protocol.ROBUST_RULES`, as the robust server writes it."""
     match = re.fullmatch(r"([a-z]+):k=(.+)", text)
-    if match is None or match.group(1) not in RULES:
-        raise ValueError(f"expected <rule>:k=<k> with a rule of {sorted(RULES)}, got {_show(text)}")
+    if match is None or match.group(1) not in ROBUST_RULES:
+        raise ValueError(f"expected <rule>:k=<k> with a rule of {sorted(ROBUST_RULES)}, got {_show(text)}")
     k = _float(match.group(2))
     if not k > 0:
         raise ValueError(f"expected k > 0, got {_show(text)}")
@@ -422,12 +421,6 @@ def _one_of(*choices: str):
             raise ValueError(f"expected one of {list(choices)}, got {_show(text)}")
         return text
     return check
-
-
-def _rounding(text: str) -> str:
-    from fedlib.server.fedspallm import ROUNDINGS
-
-    return _one_of(*ROUNDINGS)(text)
 
 
 def _sha256(text: str) -> str:
@@ -524,24 +517,20 @@ _PARSE_EXTRA = {
     "weight_dtype": _one_of(*WEIGHT_DTYPES),
     "round": _count,
     "uncovered_blocks": lambda t: _canonical_json(t, _block_list),
-    "rounding": _rounding,
+    "rounding": _one_of(*ROUNDINGS),
     "dp": lambda t: _canonical_json(t, _dp_guarantee, separators=(",", ":")),
 }
 
 
 def _global_method(text: str) -> str | None:
     """A global file's method: ``random`` (``fedlib random-mask``), or a server schedule
-    (:attr:`fedlib.server.strategy.Strategy.schedules`) optionally followed by
-    ``[<client method>]<label>`` (a vote hook's label, e.g. ``+rr``). Returns the client
-    method, if named."""
-    from fedlib.server import STRATEGIES
-
-    schedules = {s for strategy in STRATEGIES.values() for s in strategy.schedules}
+    (:data:`fedlib.protocol.SCHEDULES`) optionally followed by ``[<client method>]<label>`` (a
+    vote hook's label, e.g. ``+rr``). Returns the client method, if named."""
     match = re.fullmatch(r"([a-z][a-z0-9-]*)(?:\[([a-z0-9_]+)\]([A-Za-z0-9_.+-]*))?", text)
     if text == "random":
         return None
-    if match is None or match[1] not in schedules or (match[2] is not None and match[2] not in METHODS):
-        raise ValueError(f"expected 'random', or one of {sorted(schedules)} with an optional "
+    if match is None or match[1] not in SCHEDULES or (match[2] is not None and match[2] not in METHODS):
+        raise ValueError(f"expected 'random', or one of {sorted(SCHEDULES)} with an optional "
                          f"[<method>]<label>, <method> one of {sorted(METHODS)}; got {_show(text)}")
     return match[2]
 

@@ -1,6 +1,6 @@
 """``fedlib privacy <analysis>``: the privacy audit's command line (arguments and handlers).
 
-Building the ``fedlib`` parser must not import torch: the handlers import their stage
+The arguments import nothing heavy: the handlers import their stage
 (:mod:`fedlib.privacy.stages`) and torch only when they run.
 
     fedlib privacy entropy      --model M --out X.json CLIENT_MASKS...
@@ -30,7 +30,16 @@ import json
 import math
 from pathlib import Path
 
+from fedlib.cli_args import add_dp_arguments, add_placement_arguments, dp_target_from_args, parse_data_dir, set_threads
+from fedlib.privacy_analyses import ANALYSES, BY_NAME
+
 HELP = "privacy audit of shared masks: entropy, similarity, sensitivity, membership, inversion, defence"
+
+#: the report verbs (fedlib.privacy_analyses): verb -> (the fedlib.privacy.audit_report function that
+#: writes the tables from --spec, the analyses whose tables it writes)
+REPORTS: dict[str, tuple[str, list]] = {}
+for _analysis in ANALYSES:
+    REPORTS.setdefault(_analysis.report, (_analysis.writer, []))[1].append(_analysis)
 
 
 def _epsilon(value: str) -> float:
@@ -90,8 +99,6 @@ def _pruning_args(p, blocks: bool = False) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
-    from fedlib.cli import add_placement_arguments
-
     add_placement_arguments(p)
     if blocks:
         p.add_argument("--blocks", type=_blocks, default=None,
@@ -101,13 +108,13 @@ def _pruning_args(p, blocks: bool = False) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="analysis", required=True)
 
-    p = sub.add_parser("entropy", help="bits per entry of client masks vs fp16 weights")
+    p = sub.add_parser("entropy", help=BY_NAME["entropy"].summary)
     p.add_argument("--model", required=True)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
     p.add_argument("masks", nargs="+", help="client mask files (the first is 'the' client mask)")
 
-    p = sub.add_parser("similarity", help="Hamming distances between masks from disjoint calibration sets")
+    p = sub.add_parser("similarity", help=BY_NAME["similarity"].summary)
     p.add_argument("--model", required=True)
     _pruning_args(p)
     p.add_argument("--seeds", type=int, nargs="*", help="also compute masks from calibration draws with these seeds")
@@ -119,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("masks", nargs="*", help="client mask files to compare pairwise")
 
-    p = sub.add_parser("sensitivity", help="Hamming distance between masks of data sets differing in one sample")
+    p = sub.add_parser("sensitivity", help=BY_NAME["sensitivity"].summary)
     p.add_argument("--model", required=True)
     _pruning_args(p, blocks=True)
     p.add_argument("--calib", required=True, help="token file of the data set D (e.g. a client's shard)")
@@ -128,12 +135,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--base-mask", help="the client's shared mask file for D (checked), instead of recomputing it")
     p.add_argument("--out", required=True)
 
-    p = sub.add_parser("membership", help="LiRA membership inference on shadow masks; AUC, TPR@FPR, ε lower bound")
+    p = sub.add_parser("membership", help=BY_NAME["membership"].summary)
     _shadow_game_args(p, "the client's data set")
     p.add_argument("--epsilons", type=_epsilon, nargs="*", default=[],
                    help="also attack masks under randomized response with these per-bit ε")
-    from fedlib.cli import add_dp_arguments
-
     add_dp_arguments(p, noise_seed=False)  # every mask its own noise seed, drawn from --seed
     p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001])
     p.add_argument("--confidence", type=float, default=0.95)
@@ -152,8 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--out", required=True)
 
-    p = sub.add_parser("secagg", help="membership inference on the sum of m client masks (what secure aggregation "
-                       "shows the server) and on its global mask, per m")
+    p = sub.add_parser("secagg", help=BY_NAME["secagg"].summary)
     _shadow_game_args(p, "each client's data set")
     p.add_argument("--cohorts", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="numbers of clients m summed")
     p.add_argument("--pool", type=int, default=32, help="other clients' masks in each pool (real / attacker's)")
@@ -179,7 +183,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--out", required=True)
 
-    p = sub.add_parser("inversion", help="reconstruct calibration tokens from block-0 q_proj masks")
+    p = sub.add_parser("inversion", help=BY_NAME["inversion"].summary)
     p.add_argument("--model", required=True)
     p.add_argument("--texts", nargs="+", required=True, help="token files; rows of T tokens are the private texts")
     p.add_argument("--per-length", type=int, default=1, help="texts per token file")
@@ -225,30 +229,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--record", required=True, help="JSON: flip rates, distance to the noise-free global mask")
     p.add_argument("masks", nargs="+")
 
-    p = sub.add_parser("report", help="write the privacy report tables (Markdown + CSV) and plots from results")
-    p.add_argument("--spec", required=True, help="JSON: context, output names and result files per analysis")
-
-    p = sub.add_parser("scale-report", help="the membership attack on the whole mask at realistic sizes, per seed "
-                       "and pooled")
-    p.add_argument("--spec", required=True, help="JSON: context, output folder, per size the membership files of "
-                                                 "its seeds (fedlib.privacy.audit_report.membership_scale_table)")
-
-    p = sub.add_parser("shared-report", help="the shared-shadow membership games, per size and seed, and pooled")
-    p.add_argument("--spec", required=True, help="JSON: context, output folder, per size the membership-shared files of "
-                                                 "its seeds (fedlib.privacy.audit_report.membership_shared_table)")
-
-    p = sub.add_parser("attribute-report", help="the attribute inference games, per property and seed, and pooled")
-    p.add_argument("--spec", required=True, help="JSON: context, output folder, per property the attribute files of "
-                                                 "its seeds (fedlib.privacy.audit_report.attribute_table)")
-
-    p = sub.add_parser("inversion-client-report", help="the inversion of clients' whole calibration sets, per "
-                       "client and over clients")
-    p.add_argument("--spec", required=True, help="JSON: context, output folder, the inversion-client files "
-                                                 "(fedlib.privacy.audit_report.inversion_client_table)")
-
-    p = sub.add_parser("dp-report", help="the DP client mechanism's table: proven vs audited ε, and perplexity")
-    p.add_argument("--spec", required=True, help="JSON: context, output names, per ε the client mask, eval and "
-                                                 "membership files (fedlib.privacy.audit_report.dp_table)")
+    for verb, (writer, analyses) in REPORTS.items():
+        p = sub.add_parser(verb, help="write the tables (Markdown + CSV + HTML) and plots of " + "; ".join(
+            f"{a.name} ({a.summary})" for a in analyses))
+        p.add_argument("--spec", required=True, help=f"JSON: context, output folder, the result files "
+                                                     f"(fedlib.catalog.privacy.PrivacyCatalog.report_spec; "
+                                                     f"fedlib.privacy.audit_report.{writer})")
 
 
 # --------------------------------------------------------------------------- handlers
@@ -270,48 +256,49 @@ def _json_default(x):
     raise TypeError(f"not JSON serializable: {type(x)}")
 
 
-def _open(args, placed: bool = True, many_masks: bool = False):
-    """(model handle, placement) of an analysis: the placement from ``--device`` / ``--dtype``
-    for analyses that compute masks, the CPU otherwise. ``many_masks``: the analysis computes
+def _open(args, pruned: bool = True, many_masks: bool = False):
+    """(model handle, the clients' pruning) of an analysis. One that computes masks prunes as its
+    pruning arguments say (``_pruning_args``), on the placement from ``--device`` / ``--dtype``;
+    the others open the model on the CPU (pruning None). ``many_masks``: the analysis computes
     dozens of whole-model masks in this process (:func:`fedlib.jobsize.unmap_freed_tensors`)."""
-    import torch
-
+    from fedlib.client import Pruning
     from fedlib.jobsize import unmap_freed_tensors
     from fedlib.models import open_model
     from fedlib.runner import CPU, Placement
 
     if many_masks:
         unmap_freed_tensors()
-    if getattr(args, "threads", 0):
-        torch.set_num_threads(args.threads)
-    placement = Placement.resolve(args.device, args.dtype) if placed else CPU
-    return open_model(args.model, placement.dtype), placement
+    set_threads(args)
+    if not pruned:
+        return open_model(args.model, CPU.dtype), None
+    placement = Placement.resolve(args.device, args.dtype)
+    pruning = Pruning(args.method, args.sparsity, args.group, args.seed, args.method_options, args.batch_size,
+                      placement)
+    return open_model(args.model, placement.dtype), pruning
 
 
 def _cmd_entropy(args) -> None:
     from fedlib.privacy.stages.entropy import entropy_audit
 
-    handle, _ = _open(args, placed=False)
+    handle, _ = _open(args, pruned=False)
     _write_json(args.out, entropy_audit(handle, [Path(p) for p in args.masks]))
 
 
 def _cmd_similarity(args) -> None:
     from fedlib.privacy.stages.similarity import similarity_audit
 
-    model, placement = _open(args)
+    model, pruning = _open(args)
     windows = []
     if args.seeds:
         from fedlib.data import calibration_windows
         from fedlib.models import load_tokenizer
 
         tokenizer = load_tokenizer(args.model)
-        data_dir = None if args.data_dir in (None, "", "hub") else Path(args.data_dir)
         docs = tuple(args.docs) if args.docs else None
-        windows = [calibration_windows(tokenizer, args.dataset, data_dir, args.seed_samples, args.seqlen, s, docs)
+        windows = [calibration_windows(tokenizer, args.dataset, parse_data_dir(args.data_dir), args.seed_samples,
+                                       args.seqlen, s, docs)
                    for s in args.seeds]
-    result = similarity_audit(model, [Path(p) for p in args.masks], windows, args.seeds or [], args.method,
-                              args.sparsity, args.group, args.seed, args.batch_size,
-                              method_options=args.method_options, placement=placement)
+    result = similarity_audit(model, [Path(p) for p in args.masks], windows, args.seeds or [], pruning)
     _write_json(args.out, result)
 
 
@@ -321,13 +308,11 @@ def _cmd_sensitivity(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.sensitivity import sensitivity_audit
 
-    model, placement = _open(args)
+    model, pruning = _open(args)
     ids, _ = load_tokens(Path(args.calib))
     reps = torch.cat([load_tokens(Path(p))[0] for p in args.replacements])
     base = _base_masks(model, args, ids) if args.base_mask else None
-    result = sensitivity_audit(model, ids, reps, args.neighbours, args.method, args.sparsity, args.group,
-                               args.seed, args.blocks, args.batch_size, base, method_options=args.method_options,
-                               placement=placement)
+    result = sensitivity_audit(model, ids, reps, args.neighbours, pruning, args.blocks, base)
     result["calib"] = str(args.calib)
     result["base_mask"] = args.base_mask
     _write_json(args.out, result)
@@ -336,11 +321,14 @@ def _cmd_sensitivity(args) -> None:
 def _base_masks(model, args, ids) -> dict:
     """D's masks from the client's shared mask file, after checking it was computed the
     way this analysis computes masks (else the comparison would mix two computations)."""
+    from fedlib.maskcode import MagnitudeReference
     from fedlib.maskfile import MaskFile
-    from fedlib.models import fingerprint, prunable_layers
+    from fedlib.models import ModelHandle
     from fedlib.privacy.bits import block_of
 
-    mf = MaskFile(Path(args.base_mask), fingerprint(model), prunable_layers(model))
+    handle = ModelHandle.of(model)
+    mf = MaskFile(Path(args.base_mask), handle.fingerprint(), handle.layers(),
+                  reference=MagnitudeReference.of_model(handle))
     h = mf.header
     wanted = {"method": args.method, "group": args.group, "sparsity": args.sparsity, "seed": args.seed,
               "n_samples": int(ids.shape[0]), "method_options": args.method_options or {}}
@@ -356,16 +344,13 @@ def _base_masks(model, args, ids) -> dict:
 
 
 def _cmd_membership(args) -> None:
-    from fedlib.cli import dp_target_from_args
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.membership import membership_audit
 
-    model, placement = _open(args)
+    model, pruning = _open(args)
     pop, _ = load_tokens(Path(args.population))
-    result = membership_audit(model, pop, args.targets, args.samples, args.pairs, args.blocks, args.method,
-                              args.sparsity, args.group, args.seed, args.epsilons, args.fprs,
-                              args.confidence, batch_size=args.batch_size, method_options=args.method_options,
-                              placement=placement, dp=dp_target_from_args(args))
+    result = membership_audit(model, pop, args.targets, args.samples, args.pairs, args.blocks, pruning,
+                              args.epsilons, args.fprs, args.confidence, dp=dp_target_from_args(args))
     result["population_file"] = str(args.population)
     _write_json(args.out, result)
 
@@ -374,11 +359,10 @@ def _cmd_membership_shared(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.membership_shared import membership_shared_audit
 
-    model, placement = _open(args, many_masks=True)
+    model, pruning = _open(args, many_masks=True)
     pop, _ = load_tokens(Path(args.population))
-    result = membership_shared_audit(model, pop, args.samples, args.shadows, args.clients, args.method, args.sparsity,
-                                     args.group, args.seed, args.fprs, args.confidence, args.batch_size,
-                                     args.method_options, placement)
+    result = membership_shared_audit(model, pop, args.samples, args.shadows, args.clients, pruning, args.fprs,
+                                     args.confidence)
     result["population_file"] = str(args.population)
     _write_json(args.out, result)
     print(f"membership-shared: AUC over {result['pairs']['masks']} client masks x {pop.shape[0]} targets "
@@ -389,7 +373,7 @@ def _cmd_attribute(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.attribute import attribute_audit, term_rows
 
-    model, placement = _open(args, many_masks=True)
+    model, pruning = _open(args, many_masks=True)
     pop, _ = load_tokens(Path(args.population))
     if args.term is not None:
         from fedlib.models import load_tokenizer
@@ -409,8 +393,7 @@ def _cmd_attribute(args) -> None:
                              f"{pop.shape[1]}; the two kinds of rows must be equally long")
         prop = {"kind": "domain", "domain_pool": str(args.domain_pool)}
     result = attribute_audit(model, with_rows, without_rows, args.trials, args.samples, args.pairs, args.blocks,
-                             args.method, args.sparsity, args.group, args.seed, args.fprs, args.confidence,
-                             args.batch_size, args.method_options, placement)
+                             pruning, args.fprs, args.confidence)
     result["property"] = prop
     result["population_file"] = str(args.population)
     _write_json(args.out, result)
@@ -423,13 +406,10 @@ def _cmd_secagg(args) -> None:
     if args.blocks is None:
         raise SystemExit("fedlib privacy secagg: --blocks must be a number (sums of whole-model masks of every "
                          "pool client do not fit the audit's memory plan)")
-    model, placement = _open(args)
+    model, pruning = _open(args)
     pop, _ = load_tokens(Path(args.population))
     result = secagg_membership_audit(model, pop, args.targets, args.samples, args.pairs, args.blocks, args.cohorts,
-                                     args.pool, args.draws, args.method, args.sparsity, args.group,
-                                     args.server_group, args.seed, args.fprs, args.confidence,
-                                     batch_size=args.batch_size, method_options=args.method_options,
-                                     placement=placement)
+                                     args.pool, args.draws, pruning, args.server_group, args.fprs, args.confidence)
     result["population_file"] = str(args.population)
     _write_json(args.out, result)
 
@@ -439,7 +419,7 @@ def _cmd_inversion(args) -> None:
     from fedlib.models import load_tokenizer
     from fedlib.privacy.stages.inversion import inversion_audit, unigram_distribution
 
-    model, _ = _open(args, placed=False)
+    model, _ = _open(args, pruned=False)
     tokenizer = load_tokenizer(args.model)
     texts = {}
     for path in args.texts:
@@ -458,7 +438,7 @@ def _cmd_inversion_client(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.inversion import client_inversion, unigram_distribution
 
-    model, _ = _open(args, placed=False)
+    model, _ = _open(args, pruned=False)
     names = [name for name, _ in args.prior]
     if len(set(names)) != len(names):
         raise ValueError(f"--prior: the names {names} repeat")
@@ -479,7 +459,7 @@ def _cmd_inversion_client(args) -> None:
 def _cmd_rr_aggregate(args) -> None:
     from fedlib.privacy.stages.defence import rr_aggregate
 
-    model, _ = _open(args, placed=False)
+    model, _ = _open(args, pruned=False)
     record = rr_aggregate(model, [Path(p) for p in args.masks], args.epsilon, args.group.replace("of", ":"),
                           args.sparsity, args.seed, Path(args.out), args.per_client,
                           Path(args.clean_global) if args.clean_global else None)
@@ -488,16 +468,10 @@ def _cmd_rr_aggregate(args) -> None:
          f"{record['global_hamming_vs_clean']:.4%} of the weights")
 
 
-#: the report verbs -> the fedlib.privacy.audit_report function that writes their tables from --spec
-REPORT_WRITERS = {"report": "write_reports", "dp-report": "dp_table", "scale-report": "membership_scale_table",
-                  "shared-report": "membership_shared_table",
-                  "attribute-report": "attribute_table", "inversion-client-report": "inversion_client_table"}
-
-
 def _cmd_report_tables(args) -> None:
     from fedlib.privacy import audit_report
 
-    for path in getattr(audit_report, REPORT_WRITERS[args.analysis])(json.loads(args.spec)):
+    for path in getattr(audit_report, REPORTS[args.analysis][0])(json.loads(args.spec)):
         print(f"wrote {path}")
 
 
@@ -506,7 +480,7 @@ COMMANDS = {
     "membership": _cmd_membership, "membership-shared": _cmd_membership_shared, "secagg": _cmd_secagg,
     "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
     "attribute": _cmd_attribute, "inversion-client": _cmd_inversion_client,
-    **{verb: _cmd_report_tables for verb in REPORT_WRITERS},
+    **{verb: _cmd_report_tables for verb in REPORTS},
 }
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fedlib.maskcode import MagnitudeReference
 from fedlib.maskfile import MaskFile, MaskFileError
 from fedlib.models import ModelHandle, linear_by_name, prunable_layers
 from fedlib.runner import BlockDecision
@@ -39,7 +40,8 @@ class Variant:
         layers = handle.layers()
         block_of = {info.name: info.block for info in layers}
         if mask:
-            self.mask_file = MaskFile(Path(mask), handle.fingerprint(), layers)
+            self.mask_file = MaskFile(Path(mask), handle.fingerprint(), layers,
+                                      reference=MagnitudeReference.of_model(handle))
             if scale and not self.mask_file.has_votes():
                 raise MaskFileError(mask, "votes", "weight scaling needs vote counts (a global mask file from fedlib aggregate)")
             names = [info.name for info in layers]

@@ -7,28 +7,24 @@ call these functions, so an upload is the same bytes whichever transport carries
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from fedlib.client import Pruning
 from fedlib.models import ModelHandle
-from fedlib.runner import CPU, Placement
 
 
 def write_client_mask(
     handle: ModelHandle,
     ids: torch.Tensor | None,
     out: Path,
+    pruning: Pruning,
     *,
     client_id: str,
-    method: str,
-    sparsity: float,
-    group: str,
-    seed: int,
-    batch_size: int = 8,
-    method_options: Mapping | None = None,
     format_version: int = 1,
     round_index: int | None = None,
     global_masks: Path | None = None,
@@ -36,11 +32,10 @@ def write_client_mask(
     dp=None,
     dp_noise_seed: int | None = None,
     dtype: str = "float32",
-    placement: Placement = CPU,
 ) -> int:
-    """Write this client's mask file ``out``: every block (one-shot), or block ``round_index``
-    only (a round of iterative FedPrLLM: its input goes through the server's ``global_masks``
-    file of the earlier blocks, scaled with ``scale``). ``dp`` (a
+    """Write this client's mask file ``out``, pruned as ``pruning`` says: every block (one-shot),
+    or block ``round_index`` only (a round of iterative FedPrLLM: its input goes through the
+    server's ``global_masks`` file of the earlier blocks, scaled with ``scale``). ``dp`` (a
     :class:`fedlib.privacy.dp.DPTarget`) makes it a DP Wanda mask. Returns the blocks computed."""
     from fedlib.client import prune_locally
     from fedlib.maskcode import MagnitudeReference
@@ -54,38 +49,36 @@ def write_client_mask(
             raise ValueError(f"--round {round_index}: the model has blocks 0..{handle.n_blocks - 1}")
     elif global_masks or scale:
         raise ValueError("--global-masks and --scale belong to a round of iterative FedPrLLM (give --round)")
-    options = dict(method_options or {})
-    pruning, extra = method, {"method_options": json.dumps(options), "dtype": dtype}
+    method = pruning.method  # the registered name the file records (DP computes with its own class)
+    extra = {"method_options": json.dumps(pruning.options), "dtype": dtype}
     if dp is not None and dp.enabled:
         from fedlib.privacy.dp import dp_method, fresh_noise_seed
 
-        if round_index is not None or options:
+        if round_index is not None or pruning.options:
             raise ValueError("--dp-epsilon: DP masks are one-shot Wanda without method options (no --round: "
                              "composition over rounds is not accounted)")
         noise_seed = fresh_noise_seed() if dp_noise_seed is None else dp_noise_seed
-        pruning, guarantee = dp_method(method, dp, [info.name for info in layers], noise_seed)
+        dp_class, guarantee = dp_method(method, dp, [info.name for info in layers], noise_seed)
+        pruning = dataclasses.replace(pruning, method=dp_class)
         extra["dp"] = guarantee.header()
         print(f"DP: {guarantee.header()}")
     with MaskWriter(
         Path(out), layers, fingerprint=handle.fingerprint(), role="client", client_id=client_id,
-        method=method, group=group, sparsity=sparsity, allocation=method_allocation(method),
-        n_samples=0 if ids is None else ids.shape[0], seed=seed, extra=extra, format_version=format_version,
-        reference=MagnitudeReference.of_model(handle) if format_version == 2 else None,
+        method=method, group=pruning.group, sparsity=pruning.sparsity, allocation=method_allocation(method),
+        n_samples=0 if ids is None else ids.shape[0], seed=pruning.seed, extra=extra,
+        format_version=format_version, reference=MagnitudeReference.of_model(handle) if format_version == 2 else None,
     ) as writer:
         if round_index is None:
             # masks go to the file block by block: a 7B client never holds all of them
-            prune_locally(handle, ids, pruning, sparsity, group, seed, batch_size=batch_size,
-                          method_options=options or None, placement=placement, keep=False,
+            prune_locally(handle, ids, pruning, keep=False,
                           on_block=lambda _i, decision: [writer.add(n, m) for n, m in decision.masks.items()])
             return handle.n_blocks
-        for name, mask in _iterative_round_masks(handle, ids, round_index, method, sparsity, group, seed,
-                                                 batch_size, options, global_masks, scale, placement).items():
+        for name, mask in _iterative_round_masks(handle, ids, round_index, pruning, global_masks, scale).items():
             writer.add(name, mask)
     return round_index + 1
 
 
-def _iterative_round_masks(handle, ids, round_index, method, sparsity, group, seed, batch_size, options,
-                           global_masks, scale, placement) -> dict[str, torch.Tensor]:
+def _iterative_round_masks(handle, ids, round_index, pruning, global_masks, scale) -> dict[str, torch.Tensor]:
     """Block ``round_index``'s masks of iterative FedPrLLM, its input through the global masks
     (and, with ``scale``, the scale factors) of the earlier blocks."""
     from fedlib.federation import iterative_client
@@ -110,31 +103,24 @@ def _iterative_round_masks(handle, ids, round_index, method, sparsity, group, se
                        for info in settled}
     elif global_masks:
         raise ValueError("--round 0 starts from the dense model: no --global-masks")
-    return iterative_client(handle, ids, round_index, method, sparsity, group, seed, batch_size,
-                            global_masks=masks, factors=factors, method_options=options or None,
-                            placement=placement)
+    return iterative_client(handle, ids, round_index, pruning, global_masks=masks, factors=factors)
 
 
 def write_client_weights(
     handle: ModelHandle,
     ids: torch.Tensor,
     out: Path,
+    pruning: Pruning,
     *,
     blocks: Sequence[int],
     client_id: str,
     round_index: int,
-    method: str,
-    sparsity: float,
-    group: str,
-    seed: int,
     weight_dtype: str = "float16",
-    batch_size: int = 8,
-    method_options: Mapping | None = None,
     global_weights: Path | None = None,
-    placement: Placement = CPU,
 ) -> list[int]:
     """Write this FedSpaLLM client's weight file ``out``: the ``blocks`` the server assigned,
-    pruned from the server's ``global_weights`` file (dense where it has none). Returns the blocks."""
+    pruned as ``pruning`` says from the server's ``global_weights`` file (dense where it has none).
+    Returns the blocks."""
     from fedlib.federation import fedspallm_client
     from fedlib.weightfile import WeightFileWriter, open_weight_file
 
@@ -152,13 +138,11 @@ def write_client_weights(
                 weights[info.name] = current.layer_weight(info.name, masks[info.name])
     mine = [info for info in layers if info.block in blocks]
     with WeightFileWriter(
-        Path(out), mine, fingerprint=base, role="client", client_id=client_id, method=method,
-        group=group, sparsity=sparsity, n_samples=ids.shape[0], seed=seed,
+        Path(out), mine, fingerprint=base, role="client", client_id=client_id, method=pruning.method,
+        group=pruning.group, sparsity=pruning.sparsity, n_samples=ids.shape[0], seed=pruning.seed,
         weight_dtype=weight_dtype, round_index=round_index,
     ) as writer:
-        fedspallm_client(handle, ids, blocks, sparsity, seed, group=group, batch_size=batch_size, method=method,
-                         method_options=method_options, global_weights=weights, global_masks=masks, keep=False,
-                         placement=placement,
+        fedspallm_client(handle, ids, blocks, pruning, global_weights=weights, global_masks=masks, keep=False,
                          on_block=lambda _i, upload: [writer.add_layer(n, m, upload.weights[n])
                                                       for n, m in upload.masks.items()])
     return blocks

@@ -12,7 +12,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import torch
+from hypothesis import settings
 from transformers import LlamaConfig, LlamaForCausalLM
+
+# hypothesis: `make test` runs its default profile; `make test-fast` (HYPOTHESIS_PROFILE=fast) a tenth
+# of the generated cases (tests scale their own counts by settings.default.max_examples)
+settings.register_profile("fast", max_examples=settings.get_profile("default").max_examples // 10)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO.parent / "shared" / "data"

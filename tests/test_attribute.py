@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import fedlib.privacy.stages.attribute as attribute
+from fedlib.client import Pruning
 from fedlib.privacy.stages.attribute import attribute_audit, term_rows
 
 torch.set_num_threads(1)
@@ -49,7 +50,7 @@ def test_game_keeps_the_attackers_and_the_clients_windows_apart(monkeypatch):
 
     monkeypatch.setattr(attribute, "client_masks", fake_masks)
     monkeypatch.setattr("fedlib.models.fingerprint", lambda model: "fake")
-    res = attribute_audit(None, with_rows, without_rows, trials=5, samples=3, pairs=6, seed=1)
+    res = attribute_audit(None, with_rows, without_rows, trials=5, samples=3, pairs=6, pruning=Pruning(seed=1))
     assert len(calls) == res["masks_computed"] == 2 * (6 + 5)
     shadows, observations = calls[:12], calls[12:]
     assert all(len(c) == 3 and sum(r < 100 for r in c) <= 1 for c in calls)
@@ -70,7 +71,7 @@ def test_a_domain_of_constant_windows_is_found_on_a_real_tiny_model(model):
     """Windows of a small vocabulary of their own (a 'domain') move the block inputs' statistics
     one way: the attack on the tiny model's whole mask separates the data sets that hold one."""
     res = attribute_audit(model, _ids(8, vocab=6, seed=3), 6 + _ids(16, vocab=122, seed=4), trials=8, samples=2,
-                          pairs=8, seed=0)
+                          pairs=8, pruning=Pruning(seed=0))
     assert res["observed_layers"] == 14 and res["blocks"] is None
     assert res["attack"]["auc"] == 1.0
     assert res["direction_support"] > 0 and 0 < res["pair_hamming"] < 0.5
@@ -85,7 +86,7 @@ def test_attribute_table_pools_the_seeds_games(model, tmp_path):
     with_rows = _ids(8, vocab=6, seed=3)
     files = []
     for seed in (0, 1):
-        res = attribute_audit(model, with_rows, _ids(12, seed=5), trials=3, samples=2, pairs=4, seed=seed)
+        res = attribute_audit(model, with_rows, _ids(12, seed=5), trials=3, samples=2, pairs=4, pruning=Pruning(seed=seed))
         files.append(tmp_path / f"seed{seed}.json")
         files[-1].write_text(json.dumps(res))
     games = [json.loads(f.read_text()) for f in files]

@@ -92,12 +92,12 @@ def test_readme_table_states_the_goal_per_method():
 def test_pruned_quality_scores_each_window_and_agrees_with_the_batched_perplexity(model):
     """The per-window scoring gives the perplexity of all windows scored together, and the same
     weights on both sides give a ratio of exactly 1 with a zero-width interval."""
-    from fedlib.client import prune_locally
+    from fedlib.client import Pruning, prune_locally
     from fedlib.evaluate.perplexity import perplexities
 
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     windows = torch.randint(0, 128, (5, 16), generator=torch.Generator().manual_seed(2))
-    decision = prune_locally(model, ids, "wanda", 0.5, "row", 0)
+    decision = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0))
     weights = bench_peers.pruned_weights(model, decision)
     q = bench_peers.pruned_quality(model, windows, 2, {"wanda": decision}, {"wanda": dict(weights)})
     (together,), _ = perplexities(model, [windows], 2, variant=lambda _b: BlockDecision(masks={}, weights=weights))

@@ -49,10 +49,10 @@ EVERY_KIND = {
     "random": Variant("random"),
     "fedspallm": Variant("fedspallm"),
     "standalone_0": Variant("standalone", client=0),
-    "fedprllm_oneshot_layer_noscale": Variant("fedprllm", strategy="oneshot", group="layer", scale=False),
-    "fedprllm_iterative_2of4_scale": Variant("fedprllm", strategy="iterative", group="2of4", scale=True),
-    "fedprllm_oneshot_column_scale": Variant("fedprllm", strategy="oneshot", group="column", scale=True),
-    "fedprllm_iterative_row_noscale": Variant("fedprllm", strategy="iterative", group="row", scale=False),
+    "fedprllm_oneshot_layer_noscale": Variant("fedprllm", schedule="oneshot", group="layer", scale=False),
+    "fedprllm_iterative_2of4_scale": Variant("fedprllm", schedule="iterative", group="2of4", scale=True),
+    "fedprllm_oneshot_column_scale": Variant("fedprllm", schedule="oneshot", group="column", scale=True),
+    "fedprllm_iterative_row_noscale": Variant("fedprllm", schedule="iterative", group="row", scale=False),
 }
 
 
@@ -75,7 +75,7 @@ def test_invalid_labels_are_refused(label):
 
 
 def test_inconsistent_variants_are_refused():
-    for bad in (dict(kind="local"), dict(kind="dense", client=1), dict(kind="fedprllm", strategy="oneshot", group="layer"),
+    for bad in (dict(kind="local"), dict(kind="dense", client=1), dict(kind="fedprllm", schedule="oneshot", group="layer"),
                 dict(kind="centralized", scale=True), dict(kind="shadow")):
         with pytest.raises(ValueError, match="invalid variant"):
             Variant(**bad)
@@ -101,11 +101,11 @@ def test_variant_files_and_cli_arguments():
         "random": (f"{R}/random/0.5.mask.safetensors", "--mask"),
         "fedspallm": (f"{R}/fedspallm/c4-4x32/iid-2/wanda-0.5-row/global.weights.safetensors", "--weights"),
         "standalone_0": (f"{R}/fedspallm/c4-4x32/iid-2/wanda-0.5-row/standalone_0.weights.safetensors", "--weights"),
-        "fedprllm_oneshot_layer_noscale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/oneshot_layer.mask.safetensors", "--mask"),
-        "fedprllm_oneshot_column_scale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/oneshot_column.mask.safetensors", "--mask"),
+        "fedprllm_oneshot_layer_noscale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/fedprllm_oneshot_layer.mask.safetensors", "--mask"),
+        "fedprllm_oneshot_column_scale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/fedprllm_oneshot_column.mask.safetensors", "--mask"),
         # iterative with scaling is a run of its own; without, it is the plain iterative run
-        "fedprllm_iterative_2of4_scale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/iterative-scaled_2of4.mask.safetensors", "--mask"),
-        "fedprllm_iterative_row_noscale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/iterative_row.mask.safetensors", "--mask"),
+        "fedprllm_iterative_2of4_scale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/fedprllm_iterative-scaled_2of4.mask.safetensors", "--mask"),
+        "fedprllm_iterative_row_noscale": (f"{R}/global/c4-4x32/iid-2/wanda-0.5-row/fedprllm_iterative_row.mask.safetensors", "--mask"),
     }
     catalog = Catalog(tiny_config())
     for label, (path, flag) in expected.items():
@@ -265,7 +265,7 @@ def test_privacy_specs():
     assert privacy.membership_epsilons("run") == [0.5, 2.0] and privacy.membership_epsilons("full") == [0.5, 2.0, 8.0]
     assert privacy.replacement_shards("run") == [f"{R}/shards/c4-4x32/iid-2/client_1.safetensors"]
     assert privacy.prior_pool("run") == [f"{R}/pools/wikitext2-32x32.safetensors"]
-    spec = privacy.report_spec("full")
+    spec = privacy.report_spec("privacy", "full")  # the bundled audit's
     assert spec["suffix"] == "_full" and spec["out_dir"] == "rep" and spec["entropy"] == f"{base}/entropy.json"
     assert spec["membership"] == f"{base}/full/membership.json"
     assert spec["defence"] == {
@@ -275,9 +275,31 @@ def test_privacy_specs():
         "clean_eval": f"{R}/eval/c4-4x32/iid-2/wanda-0.5-row/fedprllm_oneshot_layer_noscale.json",
         "dense_eval": f"{R}/eval/dense.json",
     }
-    tables, shown = privacy.outputs("run")
-    assert "rep/privacy_entropy.md" in tables and "rep/privacy_entropy_layers.csv" in tables
-    assert shown[-2:] == ["rep/privacy_membership_roc.png", "rep/privacy_defence.png"]
+    # the report reads every result file of its spec, written out here
+    d = spec["defence"]
+    assert privacy.report_inputs("privacy", "full") == sorted(
+        [spec[a] for a in ("entropy", "similarity", "sensitivity", "membership", "inversion")]
+        + [*d["records"].values(), *d["evals"].values(), d["clean_eval"], d["dense_eval"]])
+    outputs = privacy.report_outputs("privacy", "run")
+    assert {"rep/privacy_entropy.md", "rep/privacy_entropy_layers.csv", "rep/privacy_membership_roc.png",
+            "rep/privacy_defence.png", "rep/privacy_inversion.html"} <= set(outputs)
+    assert len(outputs) == 6 * 3 + 3 and not any("dp" in path or "secagg" in path for path in outputs)
+    # a named target's report: its own spec, inputs and tables
+    assert privacy.report_spec("privacy_secagg") == {"context": spec["context"], "out_dir": "rep",
+                                             "secagg": f"{base}/secagg.json"}
+    assert privacy.report_inputs("privacy_secagg") == [f"{base}/secagg.json"]
+    assert privacy.report_outputs("privacy_dp", "full") == [
+        f"rep/privacy_dp{t}_full.{ext}" for t in ("", "_utility") for ext in ("md", "csv", "html")] + [
+        "rep/privacy_dp_utility_full.png"]
+    dp = privacy.dp_spec("run")
+    assert set(privacy.report_inputs("privacy_dp")) == {
+        *[f for s in dp["settings"].values() for f in s.values()],
+        *[f for fed in dp["utility"]["federations"] for s in fed["settings"].values() for f in s.values()],
+        dp["utility"]["public"]["mask"], dp["utility"]["public"]["eval"], dp["utility"]["public"]["text"],
+        dp["utility"]["dense_eval"], *dp["utility"]["randomized_response"]["records"].values(),
+        *dp["utility"]["randomized_response"]["evals"].values()}
+    assert privacy.secagg_args() == ("--targets 16 --pairs 4 --pool 32 --draws 2 --blocks 1 --cohorts 1 2 4 8 16 32 "
+                                     "--server-group layer")
 
 
 def test_privacy_defence_datasets_must_be_evaluated():

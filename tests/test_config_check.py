@@ -182,7 +182,9 @@ def schema_refuses(key, value) -> str:
 
 @pytest.mark.parametrize("key, value", [("pruning.local_group", "0:4"), ("pruning.local_group", "2of4"),
                                         ("server.groups", ["rows"]), ("pruning.method", "wandaa"),
-                                        ("studies.methods", ["owl", "obs"])])
+                                        ("studies.methods", ["owl", "obs"]), ("pruning.sparsity", 1.5),
+                                        ("studies.fedspallm.resources", 1.5),
+                                        ("pruning.method_options", {"owl": 0.08})])
 def test_schema_refuses_group_spellings_and_unknown_methods(key, value):
     schema_refuses(key, value)
     with pytest.raises(WorkflowError, match="'wandaa' is not one of"):
@@ -194,6 +196,51 @@ def test_schema_methods_are_the_registry():
 
     schema = yaml.safe_load(SCHEMA.read_text())
     assert sorted(schema["$defs"]["method"]["enum"]) == sorted(METHODS)
+
+
+def test_schema_server_and_upload_enums_are_the_registries():
+    from fedlib.catalog.variants import SCHEDULES
+    from fedlib.maskfile import FORMAT_VERSIONS
+    from fedlib.server.robust import RULES
+
+    server = yaml.safe_load(SCHEMA.read_text())["properties"]["server"]["properties"]
+    assert server["schedules"]["items"]["enum"] == list(SCHEDULES)
+    assert sorted(server["robust"]["enum"], key=str) == sorted([*RULES, None], key=str)
+    upload = yaml.safe_load(SCHEMA.read_text())["properties"]["upload"]["properties"]
+    assert upload["format_version"]["enum"] == list(FORMAT_VERSIONS)
+
+
+def test_robust_server_is_one_shot_only():
+    check(config_with(("server.robust", "mad")))
+    assert_refused(config_with(("server.robust", "mad"), ("server.schedules", ["oneshot", "iterative"])),
+                   "server.robust", "mad", "null with iterative in server.schedules")
+    schema_refuses("server.robust", "median")
+    schema_refuses("upload.format_version", 3)
+
+
+def test_schema_privacy_sections_are_the_registry():
+    """privacy.<name> for every analysis with sizes (fedlib.privacy_analyses), privacy.full.<name>
+    for those of the full audit; each section's keys are its defaults'."""
+    from fedlib.privacy_analyses import ANALYSES
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    privacy = schema["properties"]["privacy"]["properties"]
+
+    def keys(section):
+        return set((schema["$defs"][section["$ref"].split("/")[-1]] if "$ref" in section else section)["properties"])
+
+    sized = {a.name: a for a in ANALYSES if a.defaults}
+    assert set(privacy) - {"full"} == set(sized)
+    assert set(privacy["full"]["properties"]) == {name for name, a in sized.items() if "full" in a.sizes}
+    assert all(keys(privacy[name]) == set(a.defaults) for name, a in sized.items())
+
+
+def test_secagg_cohorts_come_from_the_pool_and_targets_from_the_population():
+    check(config_with(("privacy.secagg", {"targets": 7, "pool": 2, "cohorts": [3]})))  # 7 + 1 sample = 8 rows
+    assert_refused(config_with(("privacy.secagg", {"targets": 3, "pool": 2, "cohorts": [1, 4]})),
+                   "privacy.secagg.pool", 2, "at least the largest cohort - 1 = 3")
+    assert_refused(config_with(("privacy.secagg", {"targets": 8, "pool": 2, "cohorts": [1]})),
+                   "privacy.secagg.targets", 8, "at most privacy.membership.population - 1")
 
 
 def test_schema_zeroshot_tasks_are_the_registry():
@@ -346,6 +393,7 @@ def test_sequence_lengths_within_an_embedded_models_context():
     check(config_with(("model.name", "smollm2-135m"), ("calibration.seqlen", 8192), ("server.groups", ["2:4"])))
 
 
+@pytest.mark.slow
 def test_embedded_sizes_from_the_gguf_header_are_the_models():
     """The header's sizes as transformers converts them for smollm2-135m (what the jobs load),
     and the published config of Gemma 3 270M (google/gemma-3-270m config.json)."""

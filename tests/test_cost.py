@@ -61,7 +61,7 @@ def test_transfer_sizes_are_the_files_the_protocol_sends(tmp_path):
                  "--record", str(record), "--context", json.dumps(CONTEXT),
                  *[str(x) for pair in out.items() for x in pair]]) == 0
     oneshot, iterative = json.loads(record.read_text())["strategies"]
-    v1 = next(iter(cost.UPLOAD_SIZES))
+    v1 = cost.upload_title(1)
     assert [u[v1] for u in oneshot["rounds"][0]["up"]] == [os.path.getsize(p) for p in one_shot]
     assert len(set(os.path.getsize(p) for p in one_shot)) > 1  # the check can tell clients apart
     assert [[u[v1] for u in r["up"]] for r in iterative["rounds"]] == uploads

@@ -1,10 +1,12 @@
 """Crash safety and determinism of the workflow on .test/ (issue 14).
 
-Two clean runs in two folders give the same bytes in every result file (results/ and reports/,
-except the logs and benchmark files, which hold times). A run killed with ``kill -9`` (its
-whole process group: Snakemake and its jobs) at seeded points, between jobs and while a job is
-writing a file, and simply started again each time (the shipped profile, no ``--unlock``, no
-manual step), ends with the same bytes as the clean run and leaves no temporary file behind.
+A run killed with ``kill -9`` (its whole process group: Snakemake and its jobs) at seeded
+points, between jobs and while a job is writing a file, and simply started again each time (the
+shipped profile, no ``--unlock``, no manual step), ends with the same bytes as a clean run in
+another folder in every result file (results/ and reports/, except the logs and benchmark
+files, which hold times) and leaves no temporary file behind. Every file of the killed run is
+computed in its own folder, so the same bytes also show that two runs give the same bytes (a
+second clean run would show nothing more).
 
 One target covers every kind of stage at the least cost: two clients' masks, the Centralized
 mask, one FedPrLLM aggregation, perplexity on one dataset, zero-shot on one task, Table 1 and
@@ -157,16 +159,12 @@ def clean_run(tmp_path_factory):
     return workdir
 
 
-def test_two_clean_runs_give_identical_bytes(clean_run, tmp_path_factory):
-    other = new_workdir(tmp_path_factory, "clean2")
-    print(f"second clean run: {run_clean(other)}")
-    first, second = result_digests(clean_run), result_digests(other)
-    kinds = {Path(p).parts[1] for p in first if p.startswith("results/")}
+def test_the_clean_run_has_every_stage_kind(clean_run):
+    digests = result_digests(clean_run)
+    kinds = {Path(p).parts[1] for p in digests if p.startswith("results/")}
     assert {"masks", "global", "eval", "zeroshot", "privacy"} <= kinds, kinds  # every stage kind is there
-    assert {"reports/table1.csv", "reports/table12_run.csv"} <= set(first)
-    assert first.keys() == second.keys()
-    assert [p for p in first if first[p] != second[p]] == []
-    assert leftovers(clean_run) == [] and leftovers(other) == []
+    assert {"reports/table1.csv", "reports/table12_run.csv"} <= set(digests)
+    assert leftovers(clean_run) == []
 
 
 def test_kill_9_at_seeded_points_then_rerun_gives_identical_bytes(clean_run, tmp_path_factory):

@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 import fedlib.methods.base
 import fedlib.runner
 import fedlib.server.fedprllm
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.federation import iterative_prune
 from fedlib.models import ModelHandle
 from fedlib.runner import BlockRunner, Placement, place_model
@@ -91,9 +91,8 @@ def test_client_loop_runs_every_block_on_the_device(monkeypatch, free_bytes):
     seen, handles = _record_linear_inputs(model)
     decisions = []
     with fake_cuda(monkeypatch, free_bytes):
-        result = prune_locally(model, ids, "wanda", 0.5, "row", 0, batch_size=2,
-                               placement=Placement(CUDA0, torch.bfloat16),
-                               on_block=lambda i, d: decisions.append(i))
+        pruning = Pruning("wanda", 0.5, "row", 0, batch_size=2, placement=Placement(CUDA0, torch.bfloat16))
+        result = prune_locally(model, ids, pruning, on_block=lambda i, d: decisions.append(i))
     for h in handles:
         h.remove()
     assert decisions == [0, 1]
@@ -138,9 +137,8 @@ def test_only_packed_masks_leave_the_device(monkeypatch):
     ids = torch.randint(0, 128, (3, 12))
     packed = []
     with fake_cuda(monkeypatch, free_bytes=8 << 30), _HostTransfers() as transfers:
-        prune_locally(model, ids, "wanda", 0.5, "row", 0, batch_size=2, keep=False,
-                      placement=Placement(CUDA0, torch.bfloat16),
-                      on_block=lambda i, d: packed.extend(pack_bits(m) for m in d.masks.values()))
+        pruning = Pruning("wanda", 0.5, "row", 0, batch_size=2, placement=Placement(CUDA0, torch.bfloat16))
+        prune_locally(model, ids, pruning, keep=False, on_block=lambda i, d: packed.extend(pack_bits(m) for m in d.masks.values()))
     sizes = [(m.numel() + 7) // 8 for m in (lin.weight for n, lin in model.named_modules()
                                             if isinstance(lin, torch.nn.Linear) and ".layers." in n)]
     assert len(packed) == 14 and all(p.device.type == "cpu" for p in packed)
@@ -163,7 +161,7 @@ def test_a_forgotten_move_to_the_device_is_caught(monkeypatch, forgotten):
     # torch's wording changes between releases ("cuda:0 and cpu", "two different devices
     # cuda:0, cpu"): the error must name both devices, in any order and words
     with fake_cuda(monkeypatch, free_bytes=1000), pytest.raises(RuntimeError, match=r"(?s)^(?=.*cuda:0)(?=.*cpu)"):
-        prune_locally(model, ids, "wanda", 0.5, "row", 0, placement=Placement(CUDA0, torch.bfloat16))
+        prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0, placement=Placement(CUDA0, torch.bfloat16)))
 
 
 def test_iterative_rounds_run_on_the_device(monkeypatch):
@@ -173,8 +171,8 @@ def test_iterative_rounds_run_on_the_device(monkeypatch):
     clients = [torch.randint(0, 128, (2, 8)) for _ in range(3)]
     seen, handles = _record_linear_inputs(model)
     with fake_cuda(monkeypatch):
-        result = iterative_prune(model, clients, "wanda", 0.5, "row", "layer", 0, batch_size=1, scale=True,
-                                 placement=Placement(CUDA0, torch.float16))
+        pruning = Pruning("wanda", 0.5, "row", 0, batch_size=1, placement=Placement(CUDA0, torch.float16))
+        result = iterative_prune(model, clients, pruning, "layer", scale=True)
     for h in handles:
         h.remove()
     assert len(result.rounds) == 2 and len(result.masks) == 14
@@ -229,8 +227,8 @@ def test_cuda_masks_match_cpu_masks():
     the order of floating-point sums (near-ties)."""
     model = tiny_llama(hidden=64)
     ids = torch.randint(0, 128, (4, 32))
-    cpu = prune_locally(model, ids, "wanda", 0.5, "row", 0)
-    gpu = prune_locally(model, ids, "wanda", 0.5, "row", 0, placement=Placement.resolve("cuda", "float32"))
+    cpu = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0))
+    gpu = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0, placement=Placement.resolve("cuda", "float32")))
     agree = sum(int((cpu.masks[n] == gpu.masks[n]).sum()) for n in cpu.masks)
     total = sum(m.numel() for m in cpu.masks.values())
     assert agree / total >= 0.999

@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy import optimize, stats
 
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.maskfile import MaskFileError, read_header
 from fedlib.privacy.dp import (
     DPTarget,
@@ -89,12 +89,12 @@ def test_clipping_bounds_one_sample_by_brute_force():
 def _dp_masks(model, ids, epsilon, seed=0, clip=1.0):
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n]
     method, guarantee = dp_method("wanda", DPTarget(epsilon, 1e-5, clip), names, noise_seed=seed)
-    return prune_locally(model, ids, method, 0.5, "row", 0).masks, guarantee
+    return prune_locally(model, ids, Pruning(method, 0.5, "row", 0)).masks, guarantee
 
 
 def test_no_dp_path_is_plain_wanda_and_noise_is_seeded(model):
     ids = torch.randint(0, 128, (8, 16), generator=torch.Generator().manual_seed(1))
-    plain = prune_locally(model, ids, "wanda", 0.5, "row", 0).masks
+    plain = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0)).masks
     assert not DPTarget(math.inf, 1e-5, 1.0).enabled  # the CLI's inf: the plain path, no header
     a, guarantee = _dp_masks(model, ids, 2.0, seed=0)
     b, _ = _dp_masks(model, ids, 2.0, seed=0)
@@ -163,6 +163,7 @@ def test_reader_refuses_a_guarantee_out_of_range(tiny_model_dir, tmp_path):
             read_header(path)
 
 
+@pytest.mark.slow
 def test_membership_attack_stays_below_the_proven_epsilon(model):
     """The audit's check: the LiRA lower bound on a DP client's block-0 mask must not exceed the
     epsilon the accountant proves. Without DP the same attack's bound exceeds that epsilon, so
@@ -170,7 +171,7 @@ def test_membership_attack_stays_below_the_proven_epsilon(model):
     from fedlib.privacy.stages.membership import membership_audit
 
     pop = torch.randint(0, 128, (40, 8), generator=torch.Generator().manual_seed(3))
-    kwargs = dict(targets=32, samples=2, pairs=4, blocks=1, seed=0)
+    kwargs = dict(targets=32, samples=2, pairs=4, blocks=1, pruning=Pruning(seed=0))
     epsilon = 0.5
     plain = membership_audit(model, pop, **kwargs)
     private = membership_audit(model, pop, **kwargs, dp=DPTarget(epsilon, 1e-5, 1.0))

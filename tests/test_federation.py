@@ -12,7 +12,7 @@ from fedlib.federation import (
 from fedlib.groups import prune_lowest
 from fedlib.maskfile import MaskFile, write_mask_file
 from fedlib.models import LayerInfo, fingerprint, linear_by_name, prunable_layers
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.server import FedPrLLM
 from fedlib.server.fedprllm import global_mask_from_votes, scale_factors
 
@@ -30,16 +30,16 @@ def _equal(a, b):
 @pytest.mark.parametrize("method,group", [("wanda", "row"), ("wanda", "layer"), ("sparsegpt", "layer")])
 def test_one_client_iterative_equals_local_pruning(model, method, group):
     ids = _ids(0, n=3)
-    local = prune_locally(model, ids, method, 0.5, group, seed=3, batch_size=2)
-    result = iterative_prune(model, [ids], method, 0.5, group, group, seed=3, batch_size=2)
+    local = prune_locally(model, ids, Pruning(method, 0.5, group, 3, batch_size=2))
+    result = iterative_prune(model, [ids], Pruning(method, 0.5, group, 3, batch_size=2), group)
     _equal(result.masks, local.masks)
     assert all(torch.equal(result.votes[k], local.masks[k].to(torch.int16)) for k in local.masks)
 
 
 def test_identical_clients_iterative_equals_local_pruning(model):
     ids = _ids(1)
-    local = prune_locally(model, ids, "wanda", 0.6, "row", seed=0)
-    result = iterative_prune(model, [ids, ids.clone(), ids.clone()], "wanda", 0.6, "row", "row", seed=0)
+    local = prune_locally(model, ids, Pruning("wanda", 0.6, "row", 0))
+    result = iterative_prune(model, [ids, ids.clone(), ids.clone()], Pruning("wanda", 0.6, "row", 0), "row")
     _equal(result.masks, local.masks)
     assert all(set(v.unique().tolist()) <= {0, 3} for v in result.votes.values())
 
@@ -62,7 +62,7 @@ def test_iterative_against_brute_force(model, scale):
     """Block l's client statistics come from full forwards of the model with the *global*
     masks (and scaling) of blocks < l applied; the server takes the top-k of the vote sum."""
     clients = [_ids(10 + i, n=2, seqlen=10) for i in range(3)]
-    result = iterative_prune(model, clients, "wanda", 0.5, "row", "layer", seed=5, scale=scale,
+    result = iterative_prune(model, clients, Pruning("wanda", 0.5, "row", 5), "layer", scale=scale,
                              keep_round_masks=True)
     layers = prunable_layers(model)
     current = copy.deepcopy(model)
@@ -94,11 +94,11 @@ def test_iterative_against_brute_force(model, scale):
 
 def test_one_shot_driver_matches_the_file_protocol(model, tmp_path):
     clients = [_ids(20 + i) for i in range(3)]
-    result = one_shot_prune(model, clients, "wanda", 0.5, "row", "layer", seed=0, keep_client_masks=True)
+    result = one_shot_prune(model, clients, Pruning("wanda", 0.5, "row", 0), "layer", keep_client_masks=True)
     layers, fp = prunable_layers(model), fingerprint(model)
     paths = []
     for i, ids in enumerate(clients):
-        local = prune_locally(model, ids, "wanda", 0.5, "row", seed=0).masks
+        local = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0)).masks
         _equal(local, result.rounds[0].client_masks[i])
         path = tmp_path / f"c{i}.mask.safetensors"
         write_mask_file(path, local, layers, fingerprint=fp, role="client", client_id=str(i),
@@ -111,7 +111,7 @@ def test_one_shot_driver_matches_the_file_protocol(model, tmp_path):
 
 def test_iterative_bytes_per_round(model):
     clients = [_ids(i) for i in range(3)]
-    result = iterative_prune(model, clients, "wanda", 0.5, "row", "layer", seed=0)
+    result = iterative_prune(model, clients, Pruning("wanda", 0.5, "row", 0), "layer")
     layers = prunable_layers(model)
     assert len(result.rounds) == 2
     for record in result.rounds:
@@ -123,7 +123,7 @@ def test_iterative_bytes_per_round(model):
         assert record.parameters_up == record.parameters_down == 3 * mask_bytes * 8
     expected = communication_cost(layers, 3, "iterative")
     assert [(r.bytes_up, r.bytes_down) for r in expected.rounds] == [(r.bytes_up, r.bytes_down) for r in result.rounds]
-    scaled = iterative_prune(model, clients, "wanda", 0.5, "row", "layer", seed=0, scale=True)
+    scaled = iterative_prune(model, clients, Pruning("wanda", 0.5, "row", 0), "layer", scale=True)
     # the broadcast then also carries one byte of votes per weight
     assert scaled.rounds[0].bytes_down == 3 * (mask_bytes + mask_bytes * 8)
 
@@ -150,8 +150,8 @@ def test_communication_cost_paper_convention_and_packed_bytes():
 
 def test_iterative_differs_from_one_shot_but_both_exact_sparsity(model):
     clients = [_ids(30 + i) for i in range(4)]
-    one = one_shot_prune(model, clients, "wanda", 0.5, "row", "layer", seed=0)
-    it = iterative_prune(model, clients, "wanda", 0.5, "row", "layer", seed=0)
+    one = one_shot_prune(model, clients, Pruning("wanda", 0.5, "row", 0), "layer")
+    it = iterative_prune(model, clients, Pruning("wanda", 0.5, "row", 0), "layer")
     for res in (one, it):
         for name, mask in res.masks.items():
             assert int(mask.sum()) == mask.numel() // 2
@@ -166,13 +166,13 @@ def test_iterative_differs_from_one_shot_but_both_exact_sparsity(model):
 def test_magnitude_needs_no_data_and_mapping_sparsity(model):
     layers = prunable_layers(model)
     ratios = {info.name: (0.5 if info.block == 0 else 0.75) for info in layers}
-    result = iterative_prune(model, [None, None], "magnitude", ratios, "layer", "layer", seed=0)
-    local = prune_locally(model, None, "magnitude", ratios, "layer", seed=0)
+    result = iterative_prune(model, [None, None], Pruning("magnitude", ratios, "layer", 0), "layer")
+    local = prune_locally(model, None, Pruning("magnitude", ratios, "layer", 0))
     _equal(result.masks, local.masks)
     with pytest.raises(ValueError, match="calibration"):
-        iterative_prune(model, [None], "wanda", 0.5, "row", "row", seed=0)
+        iterative_prune(model, [None], Pruning("wanda", 0.5, "row", 0), "row")
     with pytest.raises(ValueError, match="at least one client"):
-        iterative_prune(model, [], "wanda", 0.5, "row", "row", seed=0)
+        iterative_prune(model, [], Pruning("wanda", 0.5, "row", 0), "row")
 
 
 @pytest.mark.parametrize("method,options", [("owl", {"outlier_m": 1.5, "lam": 0.05}), ("besa", {"steps": 3, "lr": 0.1})])
@@ -180,13 +180,12 @@ def test_nonuniform_methods_iterative_one_client_equals_local(model, method, opt
     """OWL plans on the client's data, BESA allocates per block on the client's activations;
     the server prunes each layer at the clients' mean ratio, so one client = local pruning."""
     ids = _ids(7, n=3)
-    local = prune_locally(model, ids, method, 0.6, "row", seed=0, method_options=options)
+    local = prune_locally(model, ids, Pruning(method, 0.6, "row", 0, options=options))
     assert len(set(local.layer_sparsity.values())) > 1  # really non-uniform
     # the server follows the client's allocation on its own (the mean of one client's fractions)
-    result = iterative_prune(model, [ids], method, 0.6, "row", "row", seed=0, method_options=options)
+    result = iterative_prune(model, [ids], Pruning(method, 0.6, "row", 0, options=options), "row")
     _equal(result.masks, local.masks)
-    _equal(one_shot_prune(model, [ids], method, 0.6, "row", "row", seed=0, method_options=options).masks, local.masks)
+    _equal(one_shot_prune(model, [ids], Pruning(method, 0.6, "row", 0, options=options), "row").masks, local.masks)
     # an explicit server target overrides it: uniform 0.6 is not the client's plan
-    uniform = iterative_prune(model, [ids], method, 0.6, "row", "row", seed=0, method_options=options,
-                              server_sparsity=0.6)
+    uniform = iterative_prune(model, [ids], Pruning(method, 0.6, "row", 0, options=options), "row", server_sparsity=0.6)
     assert any(not torch.equal(uniform.masks[k], local.masks[k]) for k in local.masks)

@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from fedlib.federation import fedspallm_client, fedspallm_prune, standalone_prune
+from fedlib.federation import fedspallm_client, fedspallm_prune
 from fedlib.groups import pruned_count
 from fedlib.maskfile import MaskFileError, write_mask_file
 from fedlib.models import fingerprint, linear_by_name, prunable_layers
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.runner import BlockDecision
 from fedlib.server import STRATEGIES, FedSpaLLM
 from fedlib.baselines import random_masks
@@ -171,7 +171,7 @@ def test_strategy_assignments_and_configure():
 
 def test_one_client_one_round_is_local_sparsegpt(model):
     ids = _ids(0, n=3)
-    local = prune_locally(model, ids, "sparsegpt_update", 0.5, "layer", seed=0)
+    local = prune_locally(model, ids, Pruning("sparsegpt_update", 0.5, "layer", 0))
     result = fedspallm_prune(model, [ids], FedSpaLLM(sparsity=0.5, seed=0))
     assert result.masks.keys() == local.masks.keys() and result.uncovered == []
     for name in local.masks:
@@ -198,13 +198,14 @@ def test_two_rounds_against_brute_force(model):
             standalone[c].masks.update(up.masks)
 
     result = fedspallm_prune(model, clients, FedSpaLLM(sparsity=0.7, seed=0, rounds=2), on_upload=keep)
-    round1 = _aggregate_all([standalone_prune(model, ids, 0.7, 0) for ids in clients], 0.7)
+    own = Pruning("sparsegpt_update", 0.7, "layer", 0)  # each client's own model (Standalone)
+    round1 = _aggregate_all([prune_locally(model, ids, own) for ids in clients], 0.7)
     for up, ids in zip(standalone, clients):
-        ref = standalone_prune(model, ids, 0.7, 0)
+        ref = prune_locally(model, ids, own)
         assert all(torch.equal(up.masks[k], ref.masks[k]) for k in ref.masks)
     start = copy.deepcopy(model)
     apply_weights(start, {k: v[0] for k, v in round1.items()})
-    round2 = _aggregate_all([prune_locally(start, ids, "sparsegpt_update", 0.7, "layer", 0) for ids in clients], 0.7)
+    round2 = _aggregate_all([prune_locally(start, ids, own) for ids in clients], 0.7)
     for name, (weight, mask, votes) in round2.items():
         assert torch.equal(result.masks[name], mask), name
         assert torch.equal(result.votes[name], votes), name
@@ -223,16 +224,17 @@ def test_client_prunes_from_global_weights_and_dense_unsampled_blocks(model):
     gen = torch.Generator().manual_seed(0)
     gweights = {i.name: torch.randn(i.shape, generator=gen) * 0.1 for i in layers}
     gmasks = {i.name: torch.rand(i.shape, generator=gen) < 0.3 for i in layers}
-    up = fedspallm_client(model, ids, [0, 1], 0.5, 0, global_weights=gweights, global_masks=gmasks)
+    up = fedspallm_client(model, ids, [0, 1], Pruning("sparsegpt_update", 0.5, "layer", 0), global_weights=gweights,
+                          global_masks=gmasks)
     ref_model = copy.deepcopy(model)
     apply_weights(ref_model, {k: v.masked_fill(gmasks[k], 0.0) for k, v in gweights.items()})
-    ref = prune_locally(ref_model, ids, "sparsegpt_update", 0.5, "layer", 0)
+    ref = prune_locally(ref_model, ids, Pruning("sparsegpt_update", 0.5, "layer", 0))
     for k in ref.masks:
         assert torch.equal(up.masks[k], ref.masks[k])
         assert torch.equal(up.weights[k], ref.weights[k])
     # only block 1 sampled: its inputs come through the *dense* block 0 (Eq. 9)
-    only1 = fedspallm_client(model, ids, [1], 0.5, 0)
-    full = prune_locally(model, ids, "sparsegpt_update", 0.5, "layer", 0)
+    only1 = fedspallm_client(model, ids, [1], Pruning("sparsegpt_update", 0.5, "layer", 0))
+    full = prune_locally(model, ids, Pruning("sparsegpt_update", 0.5, "layer", 0))
     assert set(only1.masks) == {i.name for i in layers if i.block == 1}
     dense_in = _block1_from_dense_inputs(model, ids)
     for k, mask in only1.masks.items():
@@ -261,7 +263,7 @@ def test_sampling_rounds_update_only_sampled_blocks(model):
     result = fedspallm_prune(model, clients, strategy)
     # each block was pruned by exactly one client: the global block is that client's block
     for c, blocks in enumerate(plan[0]):
-        up = fedspallm_client(model, clients[c], blocks, 0.5, 1)
+        up = fedspallm_client(model, clients[c], blocks, Pruning("sparsegpt_update", 0.5, "layer", 1))
         for k in up.masks:
             assert torch.equal(result.masks[k], up.masks[k])
             assert torch.equal(result.weights[k], up.weights[k])
@@ -292,7 +294,8 @@ def _upload_files(model, tmp_path, clients, strategy, plan, dtype="float32"):
     layers, fp = prunable_layers(model), fingerprint(model)
     paths = []
     for c, (ids, blocks) in enumerate(zip(clients, plan)):
-        up = fedspallm_client(model, ids, blocks, strategy.sparsity, strategy.seed)
+        up = fedspallm_client(model, ids, blocks,
+                              Pruning("sparsegpt_update", strategy.sparsity, "layer", strategy.seed))
         subset = [i for i in layers if i.block in blocks]
         path = tmp_path / f"client_{c}.weights.safetensors"
         write_weight_file(path, up.masks, up.weights, subset, fingerprint=fp, role="client",
@@ -371,7 +374,7 @@ def test_weight_file_errors_name_file_and_field(model, tmp_path):
     with pytest.raises(MaskFileError, match="model_fingerprint"):
         open_weight_file(path, fingerprint(other), layers)
     # a plain mask file is not a weight file
-    masks = prune_locally(model, clients[0], "wanda", 0.5, "row", 0).masks
+    masks = prune_locally(model, clients[0], Pruning("wanda", 0.5, "row", 0)).masks
     plain = tmp_path / "plain.mask.safetensors"
     write_mask_file(plain, masks, layers, fingerprint=fp, role="client", client_id="9",
                     method="wanda", group="row", sparsity=0.5)
@@ -382,7 +385,7 @@ def test_weight_file_errors_name_file_and_field(model, tmp_path):
     with pytest.raises(MaskFileError, match=r"client_0.*'x_payload': fedprllm clients send mask, this file holds weights"):
         FedPrLLM().aggregate([path], fp, layers, out)
     # nonzero weights where the mask prunes
-    up = fedspallm_client(model, clients[0], [0, 1], 0.5, 0)
+    up = fedspallm_client(model, clients[0], [0, 1], Pruning("sparsegpt_update", 0.5, "layer", 0))
     bad = tmp_path / "bad.safetensors"
     write_weight_file(bad, up.masks, up.weights, layers, fingerprint=fp, role="client", client_id="1",
                       method="sparsegpt_update", group="layer", sparsity=0.5)

@@ -59,7 +59,7 @@ from fedlib.weightfile import WeightFileWriter, open_weight_file
 
 from conftest import tiny_llama
 
-EXAMPLES = 1100  # generated files per run
+EXAMPLES = 11 * settings.default.max_examples  # generated files: 1,100 (make test), 110 (make test-fast)
 NUMPY = {"U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64, "F16": np.float16,
          "F32": np.float32, "F64": np.float64, "BOOL": np.bool_}
 SCHEDULES = ("fedprllm", "fedprllm-iterative", "fedspallm")
@@ -795,8 +795,10 @@ def test_fuzz_hostile_files(corpus):
              f"{dict(accepted_from[kind]) if kind in accepted_from else ''}"
              for kind in [*sorted(CLASSES), "aggregation"]]
     print(f"\n{total} generated files\n" + "\n".join(lines))
-    assert total >= 1000
-    # the classes really reach both verdicts where a valid mutation exists
+    assert total >= 0.9 * EXAMPLES
+    if EXAMPLES < 1000:  # make test-fast: every file got the oracle's verdict; coverage needs the full count
+        return
+    # the classes really reach both verdicts where a valid mutation exists (a valid flip-data case is rare)
     assert stats["bits", "accepted"] and stats["claims", "accepted"] and stats["flip-data", "accepted"]
     # and every seed, version 2's coded file among them, gives both valid and hostile files
     assert all(by_seed[name, "accepted"] and by_seed[name, "refused"] for name in corpus.seeds), by_seed

@@ -15,7 +15,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 from fedlib.embedded import EMBEDDED
 from fedlib.evaluate.perplexity import perplexity
 from fedlib.models import fingerprint, open_model, prunable_layers
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.runner import BlockRunner
 
 VOCAB = 128
@@ -106,8 +106,8 @@ def test_lazy_sharded_gemma_blockwise_equals_full_forward(gemma_dir):
 def test_lazy_gemma_masks_equal_whole_model_masks(gemma_dir, method):
     model, folder = gemma_dir
     ids = _ids(4)
-    whole = prune_locally(model, ids, method, 0.5, "row", seed=0)
-    lazy = prune_locally(open_model(str(folder)), ids, method, 0.5, "row", seed=0)
+    whole = prune_locally(model, ids, Pruning(method, 0.5, "row", 0))
+    lazy = prune_locally(open_model(str(folder)), ids, Pruning(method, 0.5, "row", 0))
     assert len(whole.masks) == 14  # 7 linears x 2 blocks
     assert whole.masks.keys() == lazy.masks.keys()
     for name in whole.masks:
@@ -132,6 +132,7 @@ def test_embedded_gemma_gguf_is_assembled_and_removed(tmp_path):
     assert path.is_file()
 
 
+@pytest.mark.slow
 def test_embedded_gemma_tokenizer_offline():
     """The alias's tokenizer comes from its GGUF (no hub): Gemma 3's ids, BOS first. About
     half a minute: transformers converts the 262k-token vocabulary from the GGUF."""

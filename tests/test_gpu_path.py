@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +34,7 @@ def test_bench_reads_the_client_summary(tiny_model_dir, tmp_path, capsys):
     assert bench_gpu.SUMMARY.search(on_gpu).groups() == ("31.2", "0.81", "4.1", "9.12")
 
 
+@pytest.mark.slow
 def test_a_gpu_client_imports_only_what_a_stock_gpu_image_has(tiny_model_dir, tmp_path):
     calib, windows = tmp_path / "calib.safetensors", tmp_path / "windows.safetensors"
     save_tokens(calib, torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0)))

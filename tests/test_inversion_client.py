@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.maskfile import MaskFileError, write_mask_file
 from fedlib.models import fingerprint, prunable_layers
 from fedlib.privacy.audit_report import inversion_client_table
@@ -26,7 +26,7 @@ VOCAB = 32
 
 def _upload(path, model, ids, method="wanda"):
     """A client's mask file as `fedlib client-mask` writes it: the real block-by-block client loop."""
-    masks = prune_locally(model, ids, method, 0.5, "row", 0).masks
+    masks = prune_locally(model, ids, Pruning(method, 0.5, "row", 0)).masks
     write_mask_file(path, masks, prunable_layers(model), fingerprint=fingerprint(model), role="client",
                     client_id="client_0", method=method, group="row", sparsity=0.5, n_samples=ids.shape[0], seed=0)
 

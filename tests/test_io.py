@@ -36,6 +36,7 @@ def test_safetensors_reads_what_we_write(tmp_path):
         assert f.metadata() == meta
 
 
+@pytest.mark.slow
 def test_same_content_same_bytes_across_processes(tmp_path):
     """safetensors' own writer orders the metadata by a per-process hash: check two processes."""
     script = (

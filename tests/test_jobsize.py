@@ -48,6 +48,7 @@ def test_estimates_grow_with_what_the_job_holds(sharded, tmp_path):
         host_mem_mb(folder, "everything")
 
 
+@pytest.mark.slow
 def test_a_client_job_stays_within_its_estimate(sharded, tmp_path):
     """A real `fedlib client-mask` process, its peak RSS read from the kernel."""
     _, folder = sharded
@@ -94,6 +95,7 @@ print(rss_mib() - before)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_freed_tensors_go_back_to_the_system():
     def left(mode):

@@ -9,7 +9,7 @@ from fedlib.groups import prune_lowest
 from fedlib.methods import get_method
 from fedlib.methods.wanda import wanda_scores
 from fedlib.models import UnsupportedModelError, block_linears, fingerprint, prunable_layers
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.runner import BlockRunner
 
 
@@ -53,7 +53,7 @@ def _inputs_of_linears(model, ids):
 def test_wanda_masks_against_direct_recursive_computation(model):
     """Block 0's masks come from dense inputs; block 1's from inputs through block 0 pruned."""
     ids = torch.randint(0, 128, (3, 12))
-    result = prune_locally(model, ids, "wanda", 0.5, "row", seed=0)
+    result = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0))
     pruned_model = copy.deepcopy(model)
     reference = {}
     for block in range(2):
@@ -87,7 +87,7 @@ def test_wanda_scores_formula():
 
 
 def test_magnitude_needs_no_data_and_groups_apply(model):
-    result = prune_locally(model, None, "magnitude", 0.5, "layer", seed=0)
+    result = prune_locally(model, None, Pruning("magnitude", 0.5, "layer", 0))
     for info in prunable_layers(model):
         weight = dict(model.named_modules())[info.name].weight.detach()
         assert torch.equal(result.masks[info.name], prune_lowest(weight.abs(), 0.5, "layer", 0, info.name))
@@ -96,15 +96,15 @@ def test_magnitude_needs_no_data_and_groups_apply(model):
 @pytest.mark.parametrize("group", ["row", "column", "layer", "2:4"])
 def test_local_groups_give_exact_sparsity(model, group):
     ids = torch.randint(0, 128, (2, 8))
-    masks = prune_locally(model, ids, "wanda", 0.5, group, seed=0).masks
+    masks = prune_locally(model, ids, Pruning("wanda", 0.5, group, 0)).masks
     total = sum(m.numel() for m in masks.values())
     assert sum(int(m.sum()) for m in masks.values()) == total // 2
 
 
 def test_deterministic(model):
     ids = torch.randint(0, 128, (2, 8))
-    a = prune_locally(model, ids, "wanda", 0.5, "row", seed=0).masks
-    b = prune_locally(model, ids, "wanda", 0.5, "row", seed=0).masks
+    a = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0)).masks
+    b = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0)).masks
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -119,7 +119,7 @@ def test_unknown_architecture_and_method(model):
 def test_a_method_plugs_in_through_the_declared_points(model):
     """A new method is a class: its allocate_block ratios reach the masks, with no registry
     entry and no change to the loop (checked against counts computed here)."""
-    from fedlib.client import prune_locally
+    from fedlib.client import Pruning, prune_locally
     from fedlib.groups import pruned_count
     from fedlib.methods import LayerPruner
 
@@ -136,7 +136,7 @@ def test_a_method_plugs_in_through_the_declared_points(model):
             return {n: (0.75 if i == 0 else sparsity) for i, n in enumerate(names)}
 
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(0))
-    result = prune_locally(model, ids, FirstLayerHeavier, 0.5, "layer", seed=0)
+    result = prune_locally(model, ids, Pruning(FirstLayerHeavier, 0.5, "layer", 0))
     firsts = {name for name in result.masks if name.endswith("q_proj")}
     for name, mask in result.masks.items():
         expected = pruned_count(mask.numel(), 0.75 if name in firsts else 0.5)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.cli import main
 from fedlib.data import save_tokens
 from fedlib.maskcode import MagnitudeReference, decode_layer, encode_layer, magnitude_buckets
@@ -31,7 +31,7 @@ def write(model, path, masks, group, version, reference=None, client_id="0", met
 
 def client_masks(model, group, seed=0):
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(seed))
-    return prune_locally(model, ids, "wanda", 0.5, group, 0).masks
+    return prune_locally(model, ids, Pruning("wanda", 0.5, group, 0)).masks
 
 
 def test_buckets_are_rank_quantiles_of_magnitude():
@@ -142,14 +142,20 @@ def test_a_reference_mismatch_is_refused(model, tmp_path):
     assert err.value.field == "format_version" and "no reference" in str(err.value)
 
 
-def test_aggregating_v2_uploads_equals_aggregating_v1(model, tmp_path):
-    layers = prunable_layers(model)
+def uploads(model, folder) -> dict[int, list]:
+    """Three clients' Wanda row masks, each written in format versions 1 and 2: version -> files."""
     paths = {1: [], 2: []}
     for client in range(3):
         masks = client_masks(model, "row", seed=client)
         for version in (1, 2):
-            paths[version].append(tmp_path / f"c{client}.v{version}.safetensors")
+            paths[version].append(folder / f"c{client}.v{version}.safetensors")
             write(model, paths[version][-1], masks, "row", version, reference_of(model), client_id=str(client))
+    return paths
+
+
+def test_aggregating_v2_uploads_equals_aggregating_v1(model, tmp_path):
+    layers = prunable_layers(model)
+    paths = uploads(model, tmp_path)
     mixed = [paths[1][0], paths[2][1], paths[2][2]]
     outs = []
     for i, files in enumerate([paths[1], paths[2], mixed]):
@@ -176,3 +182,52 @@ def test_cli_client_mask_format_version_2(tmp_path):
         globals_.append(tmp_path / f"g{version}.safetensors")
         assert main(["aggregate", "--model", str(model_dir), "--out", str(globals_[-1]), str(outs[version])]) == 0
     assert globals_[0].read_bytes() == globals_[1].read_bytes()
+
+
+def test_every_reader_of_client_files_decodes_version_2(tmp_path):
+    """upload.format_version 2 reaches every job that reads the clients' uploads: the privacy
+    audit's bits (entropy, similarity), the evaluation of a client's mask (Local-only), the
+    defence's server, the sensitivity audit's base mask and the transfer cost read the same
+    content from both versions; only the transfer's upload sizes differ (smaller)."""
+    import argparse
+    import copy
+
+    from fedlib.cost import fedprllm_transfer
+    from fedlib.models import open_model
+    from fedlib.privacy.bits import open_mask_files
+    from fedlib.privacy.stages.defence import rr_aggregate
+    from fedlib.privacy_cli import _base_masks
+    from fedlib.pruned import apply_mask_file
+
+    model = tiny_llama()
+    model.save_pretrained(tmp_path / "model")
+    handle = open_model(str(tmp_path / "model"), weights=False)
+    layers = prunable_layers(model)
+    paths = uploads(model, tmp_path)
+    with open_mask_files(paths[1], handle) as (_, v1), open_mask_files(paths[2], handle) as (_, v2):
+        for i in range(3):
+            for info in layers:
+                assert np.array_equal(v1(i, info.name), v2(i, info.name))
+    pruned = {}
+    for version in (1, 2):
+        pruned[version] = copy.deepcopy(model)
+        apply_mask_file(pruned[version], paths[version][0])
+    assert all(torch.equal(a, b) for a, b in zip(pruned[1].parameters(), pruned[2].parameters()))
+    args = argparse.Namespace(method="wanda", group="row", sparsity=0.5, seed=0, method_options=None, blocks=None)
+    bases = [_base_masks(model, argparse.Namespace(**vars(args), base_mask=str(paths[v][0])), torch.zeros(2, 8))
+             for v in (1, 2)]
+    assert bases[0].keys() == bases[1].keys() and all(torch.equal(bases[0][n], bases[1][n]) for n in bases[0])
+    outs = [tmp_path / f"rr.v{v}.safetensors" for v in (1, 2)]
+    for version, out in zip((1, 2), outs):
+        rr_aggregate(model, paths[version], 1.0, "layer", 0.5, 0, out)
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    FedPrLLM(group="layer", sparsity=0.5).aggregate(paths[1], fingerprint(model), layers,
+                                                    tmp_path / "g.safetensors")
+    transfers = [fedprllm_transfer(tmp_path / "model", paths[v], tmp_path / "g.safetensors", tmp_path)
+                 for v in (1, 2)]
+    sizes = []
+    for version, transfer in zip((1, 2), transfers):  # every upload under its format's column
+        sizes.append([[up.pop(f"format v{version} (as sent)") for up in r["up"]]
+                      for strategy in transfer for r in strategy["rounds"]])
+    assert all(coded < packed for packed, coded in zip(sizes[0][0], sizes[1][0]))  # one-shot uploads
+    assert transfers[0] == transfers[1]  # the rest: downloads, parameters, the final global file

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from fedlib.io import write_safetensors
 from fedlib.maskfile import MaskFile, MaskFileError, pack_bits, read_header, unpack_bits, write_mask_file
 from fedlib.models import fingerprint, prunable_layers
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 
 from conftest import tiny_llama
 
@@ -31,7 +31,7 @@ def test_bit_order_is_documented_lsb_first():
 def _client_file(model, path, sparsity=0.5, group="row", client_id="0", masks=None, method="wanda", **kw):
     layers = prunable_layers(model)
     if masks is None:
-        masks = prune_locally(model, torch.randint(0, 128, (2, 8)), method, sparsity, group, 0).masks
+        masks = prune_locally(model, torch.randint(0, 128, (2, 8)), Pruning(method, sparsity, group, 0)).masks
     write_mask_file(path, masks, layers, fingerprint=fingerprint(model), role="client",
                     client_id=client_id, method=method, group=group, sparsity=sparsity,
                     n_samples=2, seed=0, **kw)
@@ -250,7 +250,7 @@ def test_nonuniform_allocation_is_bounded_by_the_method(model, tmp_path):
     layers, path = prunable_layers(model), tmp_path / "owl.mask.safetensors"
     options = {"outlier_m": 1.5, "lam": 0.1}
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(0))
-    owl = prune_locally(model, ids, "owl", 0.5, "layer", 0, method_options=options).masks
+    owl = prune_locally(model, ids, Pruning("owl", 0.5, "layer", 0, options=options)).masks
 
     def write(masks):
         write_mask_file(path, masks, layers, fingerprint=fingerprint(model), role="client", client_id="0",
@@ -274,8 +274,8 @@ def test_weight_upload_is_nonuniform_by_one_weight_per_group_at_most(model, tmp_
     from fedlib.weightfile import open_weight_file, write_weight_file
 
     layers, fp = prunable_layers(model), fingerprint(model)
-    up = fedspallm_client(model, torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1)),
-                          [0, 1], 0.7, 0)
+    up = fedspallm_client(model, torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1)), [0, 1],
+                          Pruning("sparsegpt_update", 0.7, "layer", 0))
     path = tmp_path / "up.weights.safetensors"
 
     def write(masks):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
+from fedlib.client import Pruning
 from fedlib.privacy.stages.membership_shared import (
     balanced_partitions, designated_sets, kept_columns, membership_shared_audit, pair_summary, relative_deviations,
     row_statistics, shared_lira,
@@ -46,7 +47,7 @@ def test_row_statistics_against_plain_forwards():
     from fedlib.privacy.stages.recompute import client_masks
 
     model, ids = tiny_llama(), _ids(6)
-    got = row_statistics(model, ids, batch_size=4)
+    got = row_statistics(model, ids, Pruning(batch_size=4))
     dense = _linear_inputs(model, ids)
     for name in [n for n in dense if ".layers.0." in n]:
         assert torch.allclose(got[name], dense[name], rtol=1e-5), name
@@ -66,8 +67,8 @@ def test_kept_columns_are_the_masks_column_means():
     from fedlib.privacy.stages.recompute import client_masks
 
     model, ids = tiny_llama(), _ids(3)
-    kept = kept_columns(model, ids, group="layer", seed=3)
-    masks = client_masks(model, ids, group="layer", seed=3)
+    kept = kept_columns(model, ids, Pruning(group="layer", seed=3))
+    masks = client_masks(model, ids, Pruning(group="layer", seed=3))
     assert sorted(kept) == sorted(masks)
     for name, mask in masks.items():
         assert torch.equal(kept[name], (~mask).float().mean(0)), name
@@ -139,7 +140,7 @@ def test_a_real_game_on_a_tiny_model():
     the designated trials are the scores of the designated pairs, and the attack finds members."""
     model = tiny_llama(hidden=64)
     pop = _ids(8, seqlen=16, seed=5)
-    res = membership_shared_audit(model, pop, samples=2, shadows=8, clients=6, seed=0)
+    res = membership_shared_audit(model, pop, samples=2, shadows=8, clients=6, pruning=Pruning(seed=0))
     scores, labels = np.array(res["scores"]), np.array(res["client_labels"])
     assert scores.shape == labels.shape == (6, 8)
     assert labels.sum(1).tolist() == [2] * 6
@@ -147,7 +148,7 @@ def test_a_real_game_on_a_tiny_model():
     assert np.bincount(np.concatenate(res["shadow_sets"]), minlength=8).tolist() == [2] * 8
     assert res["pairs"]["auc"] > 0.9, res["pairs"]
     assert res["observed_layers"] == 14 and res["observed_columns"] == 2 * (6 * 64 + 128)
-    again = membership_shared_audit(model, pop, samples=2, shadows=8, clients=6, seed=0)
+    again = membership_shared_audit(model, pop, samples=2, shadows=8, clients=6, pruning=Pruning(seed=0))
     assert again["scores"] == res["scores"]  # deterministic from the seed
 
 
@@ -159,7 +160,7 @@ def test_table_pools_seeds_and_checks_sizes(tmp_path):
     size = {"samples": 2, "seqlen": 12, "population": 4, "shadows": 4, "clients": 4}
     files = []
     for seed in (0, 1):
-        res = membership_shared_audit(model, pop, 2, 4, 4, seed=seed)
+        res = membership_shared_audit(model, pop, 2, 4, 4, Pruning(seed=seed))
         res["model_fingerprint"] = "f" * 64
         files.append(tmp_path / f"seed{seed}.json")
         files[-1].write_text(json.dumps(res))

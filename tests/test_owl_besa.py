@@ -20,7 +20,7 @@ from fedlib.methods.besa import (
 )
 from fedlib.methods.owl import block_outlier_ratios, outlier_ratio, owl_ratios, recentre
 from fedlib.models import block_linears, prunable_layers
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.runner import BlockRunner
 from conftest import tiny_llama
 
@@ -111,8 +111,7 @@ def test_owl_outliers_come_from_dense_propagation(model):
 def test_owl_prunes_blocks_at_planned_ratios(group):
     model = tiny_llama(layers=4, hidden=64)
     ids = _ids()
-    result = prune_locally(model, ids, "owl", 0.6, group, seed=0,
-                           method_options={"outlier_m": 1.5, "lam": 0.05})
+    result = prune_locally(model, ids, Pruning("owl", 0.6, group, 0, options={"outlier_m": 1.5, "lam": 0.05}))
     _check_claimed_counts(model, result, group)
     per_block = {}
     for info in prunable_layers(model):
@@ -129,28 +128,28 @@ def test_owl_prunes_blocks_at_planned_ratios(group):
 
 def test_owl_with_lambda_zero_is_wanda(model):
     ids = _ids()
-    owl = prune_locally(model, ids, "owl", 0.5, "row", seed=3, method_options={"lam": 0.0})
-    wanda = prune_locally(model, ids, "wanda", 0.5, "row", seed=3)
+    owl = prune_locally(model, ids, Pruning("owl", 0.5, "row", 3, options={"lam": 0.0}))
+    wanda = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 3))
     assert owl.masks.keys() == wanda.masks.keys()
     assert all(torch.equal(owl.masks[k], wanda.masks[k]) for k in owl.masks)
 
 
 def test_owl_deterministic_and_rejects_bad_settings(model):
     ids = _ids()
-    a = prune_locally(model, ids, "owl", 0.5, "row", seed=1, method_options={"outlier_m": 2})
-    b = prune_locally(model, ids, "owl", 0.5, "row", seed=1, method_options={"outlier_m": 2})
+    a = prune_locally(model, ids, Pruning("owl", 0.5, "row", 1, options={"outlier_m": 2}))
+    b = prune_locally(model, ids, Pruning("owl", 0.5, "row", 1, options={"outlier_m": 2}))
     assert all(torch.equal(a.masks[k], b.masks[k]) for k in a.masks)
     with pytest.raises(ValueError, match="unstructured"):
-        prune_locally(model, ids, "owl", 0.5, "2:4", seed=0)
+        prune_locally(model, ids, Pruning("owl", 0.5, "2:4", 0))
     with pytest.raises(ValueError, match="unknown options"):
-        prune_locally(model, ids, "owl", 0.5, "row", seed=0, method_options={"M": 5})
+        prune_locally(model, ids, Pruning("owl", 0.5, "row", 0, options={"M": 5}))
     with pytest.raises(ValueError, match="needs calibration"):
-        prune_locally(model, None, "owl", 0.5, "row", seed=0)
+        prune_locally(model, None, Pruning("owl", 0.5, "row", 0))
 
 
 def test_nonuniform_mask_file_round_trip(model, tmp_path):
     ids = _ids()
-    result = prune_locally(model, ids, "owl", 0.5, "layer", seed=0, method_options={"outlier_m": 1.5})
+    result = prune_locally(model, ids, Pruning("owl", 0.5, "layer", 0, options={"outlier_m": 1.5}))
     layers = prunable_layers(model)
     path = tmp_path / "owl.mask"
     write_mask_file(path, result.masks, layers, fingerprint="f", role="client", client_id="0",
@@ -206,8 +205,7 @@ def test_tilted_init_has_target_mean():
 @pytest.mark.parametrize("group", ["row", "layer", "column"])
 def test_besa_keeps_every_block_at_target(group):
     model = tiny_llama(layers=3, hidden=64)
-    result = prune_locally(model, _ids(), "besa", 0.6, group, seed=0,
-                           method_options={"steps": 8, "lr": 0.1})
+    result = prune_locally(model, _ids(), Pruning("besa", 0.6, group, 0, options={"steps": 8, "lr": 0.1}))
     _check_claimed_counts(model, result, group)
     sizes = {info.name: np.prod(info.shape) for info in prunable_layers(model)}
     for block in range(3):
@@ -224,8 +222,8 @@ def test_besa_keeps_every_block_at_target(group):
 def test_besa_deterministic(model):
     ids = _ids()
     opts = {"steps": 5}
-    a = prune_locally(model, ids, "besa", 0.5, "row", seed=2, method_options=opts)
-    b = prune_locally(model, ids, "besa", 0.5, "row", seed=2, method_options=opts)
+    a = prune_locally(model, ids, Pruning("besa", 0.5, "row", 2, options=opts))
+    b = prune_locally(model, ids, Pruning("besa", 0.5, "row", 2, options=opts))
     assert a.layer_sparsity == b.layer_sparsity
     assert all(torch.equal(a.masks[k], b.masks[k]) for k in a.masks)
 
@@ -233,8 +231,8 @@ def test_besa_deterministic(model):
 def test_besa_zero_steps_is_wanda(model):
     """Without learning the tilted start gives every layer the target: plain Wanda."""
     ids = _ids()
-    besa = prune_locally(model, ids, "besa", 0.5, "row", seed=0, method_options={"steps": 0})
-    wanda = prune_locally(model, ids, "wanda", 0.5, "row", seed=0)
+    besa = prune_locally(model, ids, Pruning("besa", 0.5, "row", 0, options={"steps": 0}))
+    wanda = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0))
     assert all(torch.equal(besa.masks[k], wanda.masks[k]) for k in besa.masks)
 
 
@@ -281,11 +279,11 @@ def test_besa_moves_sparsity_to_harmless_layers_and_lowers_error():
 
 def test_besa_leaves_model_unchanged_and_rejects_nm(model):
     before = copy.deepcopy(model.state_dict())
-    prune_locally(model, _ids(), "besa", 0.5, "row", seed=0, method_options={"steps": 3})
+    prune_locally(model, _ids(), Pruning("besa", 0.5, "row", 0, options={"steps": 3}))
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None for p in model.parameters())
     with pytest.raises(ValueError, match="unstructured"):
-        prune_locally(model, _ids(), "besa", 0.5, "2:4", seed=0)
+        prune_locally(model, _ids(), Pruning("besa", 0.5, "2:4", 0))
     with pytest.raises(ValueError, match="unknown options"):
-        prune_locally(model, _ids(), "besa", 0.5, "row", seed=0, method_options={"epochs": 3})
+        prune_locally(model, _ids(), Pruning("besa", 0.5, "row", 0, options={"epochs": 3}))

@@ -54,6 +54,7 @@ def test_min_per_client_and_empty_clients():
         dirichlet_partition(PAPER_LABELS, 4, 0.0, 0)
 
 
+@pytest.mark.slow
 def test_mixture_pool(data_dir, smollm_tokenizer):
     ids, labels = mixture_pool(smollm_tokenizer, data_dir, 2, 32, seed=0, c4_docs=(0, 50))
     assert ids.shape == (6, 32) and ids.dtype == torch.int32 and labels == [0, 0, 1, 1, 2, 2]

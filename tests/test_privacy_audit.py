@@ -16,7 +16,7 @@ from fedlib.maskfile import MaskFile, write_mask_file
 from fedlib.models import fingerprint, load_model, prunable_layers
 from fedlib.privacy import randomized_response, rr_flip_probability
 from fedlib.provenance import written_by
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.privacy.stages.defence import rr_count_cdf, sample_rr_counts
 from fedlib.privacy.stages.inversion import tiny_inversion_cases
 from fedlib.privacy.stages.membership import membership_audit
@@ -34,8 +34,8 @@ def _ids(n, seqlen=12, vocab=128, seed=0):
 
 def test_first_block_masks_equal_the_full_run(model):
     ids = _ids(2)
-    full = prune_locally(model, ids, "wanda", 0.5, "row", 0).masks
-    first = client_masks(model, ids, "wanda", 0.5, "row", 0, blocks=1)
+    full = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0)).masks
+    first = client_masks(model, ids, Pruning("wanda", 0.5, "row", 0), blocks=1)
     assert set(first) == {n for n in full if ".layers.0." in n}
     assert all(torch.equal(first[n], full[n]) for n in first)
     assert set(client_masks(model, ids, blocks=None)) == set(full)
@@ -52,7 +52,7 @@ def test_sensitivity_zero_for_identical_and_positive_for_different_data(model):
 
 
 def _write_client(path, model, ids, client_id):
-    masks = prune_locally(model, ids, "wanda", 0.5, "row", 0).masks
+    masks = prune_locally(model, ids, Pruning("wanda", 0.5, "row", 0)).masks
     write_mask_file(path, masks, prunable_layers(model), fingerprint=fingerprint(model), role="client",
                     client_id=client_id, method="wanda", group="row", sparsity=0.5, n_samples=ids.shape[0])
     return masks
@@ -74,8 +74,8 @@ def test_similarity_pairs_count_exact_hamming(tmp_path, model):
 
 def _membership(model, method):
     pop = _ids(24, seqlen=8, seed=3)
-    return membership_audit(model, pop, targets=12, samples=2, pairs=4, blocks=1, method=method,
-                            epsilons=[0.01], seed=0)
+    return membership_audit(model, pop, targets=12, samples=2, pairs=4, blocks=1, pruning=Pruning(method),
+                            epsilons=[0.01])
 
 
 def test_membership_detects_a_leaking_mechanism_not_a_data_free_one(model):
@@ -127,10 +127,15 @@ def cli_model(monkeypatch, tiny_loaded):
     unchanged; only the ~1 s model load per call is saved)."""
     from fedlib import privacy_cli
     from fedlib.models import ModelHandle
-    from fedlib.runner import CPU
 
-    handle = ModelHandle.of(tiny_loaded[0])
-    monkeypatch.setattr(privacy_cli, "_open", lambda args, placed=True: (handle, CPU))
+    handle, opened = ModelHandle.of(tiny_loaded[0]), privacy_cli._open
+
+    def open_loaded(args, pruned=True, many_masks=False):  # nor the allocator setting of many_masks
+        with monkeypatch.context() as patch:
+            patch.setattr("fedlib.models.open_model", lambda *_args, **_kwargs: handle)
+            return opened(args, pruned)
+
+    monkeypatch.setattr(privacy_cli, "_open", open_loaded)
     return tiny_loaded[0]
 
 
@@ -266,7 +271,7 @@ def test_method_options_reach_the_recomputed_masks(tmp_path, tiny_model_dir, cli
     _run("client-mask", "--model", model, "--calib", calib, "--method", "owl", "--method-options", options,
          "--out", base)
     shared = MaskFile(base, fingerprint(cli_model)).masks()
-    default = client_masks(cli_model, _ids(2, 16, 1000, seed=20), "owl")
+    default = client_masks(cli_model, _ids(2, 16, 1000, seed=20), Pruning("owl"))
     assert any(not torch.equal(shared[n], default[n]) for n in shared)  # the options change this mask
     # the one neighbour replaces row 0 by itself, so it is D: no bit differs iff the options were used
     argv = ["privacy", "sensitivity", "--model", model, "--method", "owl", "--calib", calib, "--replacements",
@@ -287,7 +292,7 @@ def test_secagg_audit_sums_cohorts_and_reports(model, tmp_path):
 
     pop = _ids(40, seqlen=8, seed=3)
     res = secagg_membership_audit(model, pop, targets=12, samples=2, pairs=4, blocks=1, cohorts=[16, 1], pool=16)
-    single = membership_audit(model, pop, targets=12, samples=2, pairs=4, blocks=1, seed=0)
+    single = membership_audit(model, pop, targets=12, samples=2, pairs=4, blocks=1)
     assert [c["m"] for c in res["cohorts"]] == [1, 16]
     one, sixteen = res["cohorts"]
     # m = 1: the server sees the client's own mask, the global mask of one 50 % row mask under a layer
@@ -317,7 +322,7 @@ def test_membership_scale_table_pools_the_seeds_games(model, tmp_path):
     pop = _ids(10, seqlen=8, seed=5)
     files = []
     for seed in (0, 1):
-        res = membership_audit(model, pop, targets=4, samples=2, pairs=2, blocks=None, seed=seed)
+        res = membership_audit(model, pop, targets=4, samples=2, pairs=2, blocks=None, pruning=Pruning(seed=seed))
         files.append(tmp_path / f"seed{seed}.json")
         files[-1].write_text(json.dumps(res))
     games = [json.loads(f.read_text()) for f in files]
@@ -339,3 +344,22 @@ def test_membership_scale_table_pools_the_seeds_games(model, tmp_path):
     spec["sizes"][0]["seqlen"] = 16
     with pytest.raises(ValueError, match="seed0.json: a game of 2 x 8 tokens"):
         membership_scale_table(spec)
+
+
+def test_every_analysis_has_its_report_verb_and_writer():
+    """The report verbs of `fedlib privacy` are the registry's (fedlib.privacy_analyses), each with a
+    writer of fedlib.privacy.audit_report; the analyses with one report share its writer."""
+    import argparse
+
+    from fedlib import privacy_cli
+    from fedlib.cli import build_parser
+    from fedlib.privacy import audit_report
+    from fedlib.privacy_analyses import ANALYSES
+
+    privacy = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["privacy"]
+    verbs = next(a for a in privacy._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for analysis in ANALYSES:
+        assert analysis.report in verbs and privacy_cli.COMMANDS[analysis.report] is privacy_cli._cmd_report_tables
+        assert privacy_cli.REPORTS[analysis.report][0] == analysis.writer and callable(getattr(audit_report,
+                                                                                             analysis.writer))
+    assert {a.report for a in ANALYSES} == set(privacy_cli.REPORTS)

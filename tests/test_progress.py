@@ -8,7 +8,7 @@ import torch
 
 from fedlib import progress
 from fedlib.cli import main
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.data import save_tokens
 from fedlib.models import open_model
 
@@ -34,7 +34,7 @@ def test_track_reports_each_step_only_when_asked():
 def test_a_pruning_pass_reports_its_blocks():
     stream = io.StringIO()
     with progress.reporting("job", stream):
-        prune_locally(tiny_llama(layers=3), torch.randint(0, 128, (2, 8)), "wanda", 0.5, "row", 0)
+        prune_locally(tiny_llama(layers=3), torch.randint(0, 128, (2, 8)), Pruning("wanda", 0.5, "row", 0))
     assert [LINE.match(line).group(3, 4) for line in stream.getvalue().splitlines()] == [
         ("1", "3"), ("2", "3"), ("3", "3")]
 
@@ -51,11 +51,11 @@ def test_the_next_block_is_read_while_the_current_one_computes(tiny_model_dir):
 
     handle.block_tensors = recorded
     ids = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(0))
-    got = prune_locally(handle, ids, "wanda", 0.5, "row", 0,
+    got = prune_locally(handle, ids, Pruning("wanda", 0.5, "row", 0),
                         on_block=lambda index, _d: events.append(("done", index, True)))
     assert events.index(("read", 1, False)) < events.index(("done", 0, True))
     assert all(not main_thread for kind, _i, main_thread in events if kind == "read")
-    reference = prune_locally(open_model(str(tiny_model_dir)).load_all(), ids, "wanda", 0.5, "row", 0)
+    reference = prune_locally(open_model(str(tiny_model_dir)).load_all(), ids, Pruning("wanda", 0.5, "row", 0))
     assert got.masks.keys() == reference.masks.keys()
     assert all(torch.equal(got.masks[n], reference.masks[n]) for n in got.masks)
 

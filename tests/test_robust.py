@@ -10,7 +10,7 @@ import torch
 
 from fedlib.baselines import random_masks
 from fedlib.cli import main
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.maskfile import MaskFile, MaskWriter, read_header, write_mask_file
 from fedlib.models import fingerprint, load_model, prunable_layers
 from fedlib.server import FedPrLLM
@@ -28,7 +28,7 @@ def _honest_masks(model, n=N_HONEST, vocab=128):
     (z = 5.0 and 7.8), never with 2 x 16 (largest z 2.4 over 6 seeds). Dropping such a client
     costs its 1/n of the votes; the measurement on the embedded model flags no honest client."""
     return [prune_locally(model, torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(c)),
-                          "wanda", 0.5, "row", 0).masks for c in range(n)]
+                          Pruning("wanda", 0.5, "row", 0)).masks for c in range(n)]
 
 
 def _write(model, masks, folder, ids):

@@ -143,6 +143,7 @@ def test_single_upload_is_uniform_and_independent_of_the_mask():
     assert all(stats.chisquare(row).pvalue > 1e-3 for row in table)
 
 
+@pytest.mark.slow
 def test_rounds_are_reproducible_and_words_pack_to_k_bits():
     mask = torch.rand(1001, generator=torch.Generator().manual_seed(0)) < 0.5
     a = setup_round(17, seed=2)[0][5].masked_upload("w", mask)

@@ -6,7 +6,7 @@ import torch
 from fedlib.maskfile import MaskFile, MaskFileError, write_mask_file
 from fedlib.models import fingerprint, linear_by_name, prunable_layers
 from fedlib.pruned import apply_mask_file
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.server import FedPrLLM
 
 from conftest import tiny_llama
@@ -16,7 +16,7 @@ def _clients(model, tmp_path, n=5, group="row", method="wanda", sparsity=0.5, fi
     paths, masks = [], []
     for i in range(first, first + n):
         ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(i))
-        result = prune_locally(model, ids, method, sparsity, group, seed=0).masks
+        result = prune_locally(model, ids, Pruning(method, sparsity, group, 0)).masks
         path = tmp_path / f"client_{i}.mask.safetensors"
         write_mask_file(path, result, prunable_layers(model), fingerprint=fingerprint(model),
                         role="client", client_id=str(i), method=method, group=group,
@@ -78,8 +78,8 @@ def test_nonuniform_clients_keep_their_allocation(model, tmp_path):
     paths, masks = [], []
     for i in range(3):
         ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(i))
-        result = prune_locally(model, ids, "owl", 0.6, "layer", seed=0,
-                               method_options={"outlier_m": 1.5, "lam": 0.1}).masks
+        owl = Pruning("owl", 0.6, "layer", 0, options={"outlier_m": 1.5, "lam": 0.1})
+        result = prune_locally(model, ids, owl).masks
         paths.append(tmp_path / f"owl_{i}.mask.safetensors")
         write_mask_file(paths[-1], result, prunable_layers(model), fingerprint=fingerprint(model),
                         role="client", client_id=str(i), method="owl", group="layer", sparsity=0.6,

@@ -386,12 +386,12 @@ def test_linears_fed_one_input_share_one_hessian(model):
 def test_shared_statistics_give_the_masks_of_unshared_ones(model, method, group):
     """Sharing is bit-exact: masks and updated weights equal those of pruners that each
     accumulate and factorise their own Hessian."""
-    from fedlib.client import prune_locally
+    from fedlib.client import Pruning, prune_locally
 
     unshared = type("U", (_Unshared,), {"update": method == "sparsegpt_update"})
     ids = torch.randint(0, 128, (6, 16), generator=torch.Generator().manual_seed(4))
-    a = prune_locally(model, ids, method, 0.5, group, 0, batch_size=4)
-    b = prune_locally(model, ids, unshared, 0.5, group, 0, batch_size=4)
+    a = prune_locally(model, ids, Pruning(method, 0.5, group, 0, batch_size=4))
+    b = prune_locally(model, ids, Pruning(unshared, 0.5, group, 0, batch_size=4))
     assert a.masks.keys() == b.masks.keys() and a.weights.keys() == b.weights.keys()
     assert all(torch.equal(a.masks[k], b.masks[k]) for k in a.masks)
     assert all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)

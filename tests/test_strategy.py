@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedlib.cli import main
-from fedlib.client import prune_locally
+from fedlib.client import Pruning, prune_locally
 from fedlib.data import save_tokens
 from fedlib.federation import fedspallm_prune, iterative_prune, one_shot_prune
 from fedlib.maskfile import MaskFile, write_mask_file
@@ -54,7 +54,7 @@ class Inverting(VoteHook):
 
 def _client_masks(model, n=3):
     return [prune_locally(model, torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(c)),
-                          "wanda", 0.5, "row", 0).masks for c in range(n)]
+                          Pruning("wanda", 0.5, "row", 0)).masks for c in range(n)]
 
 
 def _write_clients(model, masks, tmp_path, prefix="c"):
@@ -92,7 +92,7 @@ def test_a_vote_hook_changes_what_is_counted_not_the_server(model, tmp_path):
 def test_simulation_drivers_take_the_same_hook(model, tmp_path):
     ids = [torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(c)) for c in range(3)]
     layers, fp = prunable_layers(model), fingerprint(model)
-    result = one_shot_prune(model, ids, "wanda", 0.5, "row", "layer", 0, hook=Inverting())
+    result = one_shot_prune(model, ids, Pruning("wanda", 0.5, "row", 0), "layer", hook=Inverting())
     inverted = [{k: ~v for k, v in m.items()} for m in _client_masks(model)]
     FedPrLLM(group="layer", sparsity=0.5, seed=0).aggregate(
         _write_clients(model, inverted, tmp_path), fp, layers, tmp_path / "g.mask.safetensors")
@@ -100,7 +100,7 @@ def test_simulation_drivers_take_the_same_hook(model, tmp_path):
     assert all(torch.equal(result.masks[i.name], files.layer_mask(i.name)) for i in layers)
     # iterative: round l's hook sees only block l's layers, in order
     hook = Inverting()
-    iterative_prune(model, ids, "wanda", 0.5, "row", "layer", 0, hook=hook)
+    iterative_prune(model, ids, Pruning("wanda", 0.5, "row", 0), "layer", hook=hook)
     assert [name for name, _, _ in hook.seen] == [info.name for info in layers]
 
 
@@ -156,8 +156,34 @@ def _tokens(path):
 def test_aggregate_refuses_options_of_another_strategy(tiny_model_dir, tmp_path, capsys):
     code = main(["aggregate", "--model", str(tiny_model_dir), "--rounds", "2", "--out", str(tmp_path / "g"), "x"])
     assert code == 2 and "--rounds is not an option of the fedprllm strategy" in capsys.readouterr().err
-    code = main(["aggregate", "--model", str(tiny_model_dir), "--strategy", "fedavg", "--out", str(tmp_path / "g"), "x"])
-    assert code == 2 and "expected one of ['fedprllm', 'fedspallm']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["aggregate", "--model", str(tiny_model_dir), "--strategy", "fedavg", "--out", str(tmp_path / "g"), "x"])
+    assert exited.value.code == 2 and "invalid choice: 'fedavg' (choose from 'fedprllm', 'fedspallm')" in capsys.readouterr().err
+
+
+def test_a_registered_strategy_is_offered_with_its_options(monkeypatch):
+    """A new strategy is its class and one line in fedlib.server.STRATEGIES: --strategy offers
+    it, with the options its class declares (and no other strategy takes them)."""
+    from dataclasses import dataclass
+
+    from fedlib.cli import build_parser, strategy_from_args
+    from fedlib.server.strategy import Option, Strategy
+
+    @dataclass
+    class Quantile(Strategy):
+        group: str = "layer"
+        sparsity: float = 0.5
+        seed: int = 0
+        quantile: float = 0.5
+        name = "quantile"
+        options = (Option("quantile", "the vote quantile", type=float),)
+
+    monkeypatch.setitem(STRATEGIES, "quantile", Quantile)
+    common = ["aggregate", "--model", "m", "--out", "g", "--quantile", "0.7", "x"]
+    strategy = strategy_from_args(build_parser().parse_args([*common, "--strategy", "quantile", "--group", "row"]))
+    assert strategy == Quantile(group="row", quantile=0.7)
+    with pytest.raises(ValueError, match="--quantile is not an option of the fedprllm strategy"):
+        strategy_from_args(build_parser().parse_args(common))
 
 
 @pytest.mark.parametrize("method, scale", [("wanda", True), ("owl", False)])

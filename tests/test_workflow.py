@@ -159,6 +159,7 @@ def test_real_run_then_reruns_only_what_changed(workdir):
     # one client's data changes: only that client's mask and what depends on it
     # (a touch is not a change: Snakemake compares checksums of small inputs)
     shard = workdir / "results" / "shards" / "c4-3x32" / "iid-3" / "client_2.safetensors"
+    original = shard.read_bytes()
     ids, meta = load_tokens(shard)
     save_tokens(shard, ids.flip(1), **meta)
     jobs = planned_jobs(snakemake(workdir, "--configfile", "config.yaml", "-n"))
@@ -167,6 +168,7 @@ def test_real_run_then_reruns_only_what_changed(workdir):
     # client 2 is not a Local-only client here: Dense, Centralized and Local-only stay
     assert jobs["evaluate_perplexity"] == 4 and "evaluate_dense" not in jobs
     assert jobs["zeroshot"] == 2 and "zeroshot_dense" not in jobs  # FedPrLLM layer and column
+    shard.write_bytes(original)  # the same content again (the privacy targets below run in this folder)
 
 
 def test_html_report_renders_in_a_browser(workdir):
@@ -244,14 +246,17 @@ def test_fedspallm_samples_per_client_sets_the_pool(tmp_path):
     assert "--nsamples 10 " in out and "/iid-2/sparsegpt_update-0.5-layer/fedspallm.json" in out
 
 
-def test_method_options_and_fedspallm_layer_sampling_reach_the_commands(tmp_path):
+def test_settings_reach_the_commands(tmp_path):
     """pruning.method_options goes to every job pruning with the method it names (nothing else
-    changes); studies.fedspallm.resources turns on layer sampling, without Standalone models."""
-    config = load_test_config()
+    changes); studies.fedspallm.resources turns on layer sampling, without Standalone models;
+    server.robust goes to the one-shot server (rule aggregate, its {strategy} from the path) and
+    upload.format_version to the clients' uploads only (not Centralized's mask)."""
+    config = load_test_config(server={"robust": "mad"})
     config["pruning"]["method"] = "owl"  # options the methods accept (the shell quoting: tests/test_catalog.py)
     config["pruning"]["method_options"] = {"owl": {"lam": 0.1}, "sparsegpt_update": {"blocksize": 16}}
     config["studies"] = {"fedspallm": {"clients": [2], "sparsities": [0.5], "standalone_clients": 1, "rounds": 2,
                                        "resources": [0.5, 1]}}
+    config["upload"] = {"format_version": 2}
     write_config(tmp_path, config)
     out = snakemake(tmp_path, "fedspallm2", "table1", "privacy", "--configfile", str(tmp_path / "config.yaml"), "-n", "-p")
     commands = [line for line in out.splitlines() if "python -m fedlib " in line]
@@ -264,22 +269,22 @@ def test_method_options_and_fedspallm_layer_sampling_reach_the_commands(tmp_path
     assert "--rounds 2 --resources 0.5 1 --method-options '{\"blocksize\": 16}'" in fedspallm[0]
     assert "--standalone-out" not in fedspallm[0] and "standalone_" not in out
     assert not any("--method-options" in c for c in commands if "fedlib aggregate " in c or "fedlib evaluate " in c)
+    aggregate = [c for c in commands if "fedlib aggregate " in c]
+    assert aggregate and all("--strategy fedprllm " in c and " --robust mad " in c for c in aggregate)
+    assert all("/fedprllm_oneshot_" in c for c in aggregate)
+    uploads = [c for c in commands if "fedlib client-mask " in c]
+    assert {"--client-id centralized" in c for c in uploads} == {True, False}
+    assert all(("--format-version 2" in c) != ("--client-id centralized" in c) for c in uploads)
 
 
 @pytest.mark.parametrize("where, value, message", [
-    # the schema
+    # one case of each check the workflow runs at parse time (tests/test_config_check.py has every case of
+    # each, in-process): the schema, the catalog, fedlib.config_check on the config, the model it names
+    # and the data files it needs (both found relative to the workflow's working directory)
     (("pruning", "sparsity"), 1.5, r"On instance\['pruning'\]\['sparsity'\]"),
-    (("studies", "fedspallm", "resources"), 1.5, "resources"),
-    (("pruning", "method_options"), {"owl": 0.08}, "method_options"),
-    (("pruning", "method"), "wandaa", r"'wandaa' is not one of"),
-    # the catalog
     (("studies", "fedspallm", "resources"), [0.5, 0.5], "2 per-client fractions"),
-    # fedlib.config_check (tests/test_config_check.py has every case)
     (("clients", "n"), 4, r"clients\.n = 4: expected at most calibration\.nsamples = 3"),
-    (("calibration", "c4_docs"), [50, 0], r"calibration\.c4_docs = \[50, 0\]: expected \[start, stop\) with start < stop"),
-    (("pruning", "local_group"), "5:4", r'pruning\.local_group = "5:4": expected layer, row, column or N:M with 0 < N < M'),
     (("model", "name"), "./modle", r'model\.name = "\./modle": expected an embedded alias'),
-    (("evaluation", "seqlen"), 512, r"evaluation\.seqlen = 512: expected at most 256 tokens, the context of \./model"),
     (("data", "c4/train.jsonl"), "", r'calibration\.dataset = "c4": expected a non-empty data file .*c4/train\.jsonl'),
 ])
 def test_invalid_config_is_rejected(tmp_path, where, value, message):
@@ -317,53 +322,73 @@ def test_test_fixture_is_what_its_script_writes(tmp_path):
     assert fresh.keys() == committed.keys() and all(fresh[k].equal(committed[k]) for k in fresh)
 
 
-def test_membership_scale_target_runs(tmp_path):
+@pytest.fixture(scope="module")
+def privacy_targets(workdir):
+    """The named privacy targets (not part of `make run`, fedlib.privacy_analyses): one Snakemake run
+    makes them all, in the folder of the real run above when it ran first (their common jobs, pools,
+    shards, client masks, are then done)."""
+    from fedlib.privacy_analyses import TARGETS
+
+    snakemake(workdir, *(analysis.target for analysis in TARGETS), "--configfile", "config.yaml")
+    return workdir
+
+
+def test_secagg_target_runs(privacy_targets):
+    """privacy_secagg: the membership game against the sum of m client masks and its global mask, per m,
+    on the membership analysis's population and client size; the table has both views per m."""
+    import json
+
+    [path] = privacy_targets.glob("results/privacy/*/*/*/secagg.json")
+    res = json.loads(path.read_text())
+    assert [c["m"] for c in res["cohorts"]] == [1, 3]
+    assert (res["targets"], res["samples"], res["seqlen"], res["pool"], res["draws"], res["blocks"]) == \
+        (3, 1, 8, 2, 1, 1)
+    rows = list(csv.reader((privacy_targets / "reports" / "privacy_secagg.csv").open()))
+    assert [(r[0], r[1].split(" ")[0]) for r in rows[1:]] == [("1", "sum"), ("1", "global"), ("3", "sum"),
+                                                               ("3", "global")]
+
+
+def test_membership_scale_target_runs(privacy_targets):
     """privacy_membership_scale: one game per seed on the whole mask, then the table with a row per
     seed and the pooled row; each game's JSON is the size the config asked for."""
     import json
 
-    copy_test_dir(tmp_path)
-    snakemake(tmp_path, "privacy_membership_scale", "--configfile", "config.yaml")
-    games = sorted(tmp_path.glob("results/privacy/*/*/*/membership_scale/2x16/seed*.json"))
+    games = sorted(privacy_targets.glob("results/privacy/*/*/*/membership_scale/2x16/seed*.json"))
     assert [g.name for g in games] == ["seed0.json", "seed1.json"]
     for seed, path in enumerate(games):
         res = json.loads(path.read_text())
         assert (res["seed"], res["samples"], res["seqlen"], res["blocks"], res["targets"], res["pairs"]) == \
             (seed, 2, 16, None, 2, 2)
         assert res["population"] == 6 and res["observed_layers"] == 14
-    rows = list(csv.reader((tmp_path / "reports" / "privacy_membership_scale.csv").open()))
+    rows = list(csv.reader((privacy_targets / "reports" / "privacy_membership_scale.csv").open()))
     assert [r[1].split(",")[0] for r in rows[1:]] == ["0", "1", "pooled"]
     assert rows[3][2] == "4 / 4"
 
 
-def test_membership_shared_target_runs(tmp_path):
+def test_membership_shared_target_runs(privacy_targets):
     """privacy_membership_shared: one game per seed on the whole mask, then the table with a row
     per seed and the pooled row; each game's JSON is the size the config asked for."""
     import json
 
-    copy_test_dir(tmp_path)
-    snakemake(tmp_path, "privacy_membership_shared", "--configfile", "config.yaml")
-    games = sorted(tmp_path.glob("results/privacy/*/*/*/membership_shared/2x16-of4-s4-c4/seed*.json"))
+    games = sorted(privacy_targets.glob("results/privacy/*/*/*/membership_shared/2x16-of4-s4-c4/seed*.json"))
     assert [g.name for g in games] == ["seed0.json", "seed1.json"]
     for seed, path in enumerate(games):
         res = json.loads(path.read_text())
         assert [res[k] for k in ("seed", "samples", "seqlen", "population", "shadows", "clients")] == \
             [seed, 2, 16, 4, 4, 4]
         assert res["observed_layers"] == 14 and len(res["scores"]) == 4
-    rows = list(csv.reader((tmp_path / "reports" / "privacy_membership_shared.csv").open()))
+    rows = list(csv.reader((privacy_targets / "reports" / "privacy_membership_shared.csv").open()))
     body = [r for r in rows[1:] if r and r[0] == "2 × 16"]
     assert [r[1] for r in body] == ["0", "1", "pooled, 2 seeds"]
     assert body[2][3] == "16 / 16"
 
 
-def test_attribute_target_runs(tmp_path):
+def test_attribute_target_runs(privacy_targets):
     """privacy_attribute: one game per property and seed on the whole mask, then the table with a
     row per seed and a pooled row per property."""
     import json
 
-    copy_test_dir(tmp_path)
-    snakemake(tmp_path, "privacy_attribute", "--configfile", "config.yaml")
-    games = sorted(tmp_path.glob("results/privacy/*/*/*/attribute/2x16/*/seed*.json"))
+    games = sorted(privacy_targets.glob("results/privacy/*/*/*/attribute/2x16/*/seed*.json"))
     assert [f"{g.parent.name}/{g.name}" for g in games] == [
         "domain-wikitext2/seed0.json", "domain-wikitext2/seed1.json", "term-of/seed0.json", "term-of/seed1.json"]
     for path in games:
@@ -372,47 +397,43 @@ def test_attribute_target_runs(tmp_path):
         assert res["observed_layers"] == 14 and res["masks_computed"] == 12
     assert json.loads(games[0].read_text())["property"]["kind"] == "domain"
     assert json.loads(games[2].read_text())["property"] == {"kind": "term", "term": "of"}
-    rows = list(csv.reader((tmp_path / "reports" / "privacy_attribute.csv").open()))
+    rows = list(csv.reader((privacy_targets / "reports" / "privacy_attribute.csv").open()))
     body = [r for r in rows[1:] if r and r[0] in ("domain: WikiText-2", "term: 'of'")]
     assert [r[1].split(",")[0] for r in body] == ["0", "1", "pooled"] * 2
     assert body[2][2] == "4 / 4"
 
 
-def test_inversion_client_target_runs(tmp_path):
+def test_inversion_client_target_runs(privacy_targets):
     """privacy_inversion_client: the server inverts the real mask files of the configured clients
     (their uploads equal the bag masks of their shards), then the table with the mean row."""
     import json
 
-    copy_test_dir(tmp_path)
-    snakemake(tmp_path, "privacy_inversion_client", "--configfile", "config.yaml")
-    results = sorted(tmp_path.glob("results/privacy/*/*/*/inversion_client/client_*.json"))
+    results = sorted(privacy_targets.glob("results/privacy/*/*/*/inversion_client/client_*.json"))
     assert [p.name for p in results] == ["client_0.json", "client_1.json"]
     for path in results:
         res = json.loads(path.read_text())
         assert all(res["upload_is_bag_mask"].values()) and len(res["upload_is_bag_mask"]) == 3
         assert res["tokens"] == 32 and len(res["decoded_tokens"]) == 32 and res["moves"] <= 3
         assert set(res["unigram_bag_overlap"]) == {"heldout", "wikitext2"}
-    rows = list(csv.reader((tmp_path / "reports" / "privacy_inversion_client.csv").open()))
+    rows = list(csv.reader((privacy_targets / "reports" / "privacy_inversion_client.csv").open()))
     body = [r for r in rows[1:] if r and (r[0] in ("0", "1") or r[0].startswith("mean of"))]
     assert [r[0] for r in body] == ["0", "1", "mean of 2 clients [95 % t interval]"]
     assert [r[2] for r in body[:2]] == ["yes", "yes"]
 
 
-def test_dp_target_runs(tmp_path):
+def test_dp_target_runs(privacy_targets):
     """privacy_dp: the audited table, and the utility table with a federation of larger clients
     (a pool split IID), the ε = 0 public-text model and randomized response beside them."""
     from fedlib.maskfile import read_header
 
-    copy_test_dir(tmp_path)
-    snakemake(tmp_path, "privacy_dp", "--configfile", "config.yaml")
-    base = next(tmp_path.glob("results/privacy/*/*/*/run/dp"))
+    base = next(privacy_targets.glob("results/privacy/*/*/*/run/dp"))
     larger = read_header(base / "c4-4x32" / "64" / "client_1.mask.safetensors")
     assert larger.n_samples == 2 and "dp" in larger.extra
     assert read_header(base / "public" / "0" / "global.mask.safetensors").n_samples == 4
-    rows = list(csv.reader((tmp_path / "reports" / "privacy_dp_utility.csv").open()))
+    rows = list(csv.reader((privacy_targets / "reports" / "privacy_dp_utility.csv").open()))
     body = [r for r in rows[1:] if r and r[0] != "Mechanism" and len(r) == 6]
     assert [(r[1].split(" (")[0], r[2]) for r in body if "DP" in r[0]] == [
         ("2 × 1 × 32", "∞"), ("2 × 1 × 32", "64"), ("2 × 2 × 32", "∞"), ("2 × 2 × 32", "64")]
     assert [r[2] for r in body if r[0].startswith("Wanda on public text")] == ["0"]
     assert any(r[0].startswith("Randomized response") for r in body)
-    assert (tmp_path / "reports" / "privacy_dp_utility.png").stat().st_size > 0
+    assert (privacy_targets / "reports" / "privacy_dp_utility.png").stat().st_size > 0

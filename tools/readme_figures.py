@@ -18,6 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the checkout's fedlib (the privacy analyses' registry), as from tests
+
+from fedlib.privacy_analyses import BUNDLED, TARGETS  # noqa: E402
 
 
 def _machine(data: dict) -> str:
@@ -223,7 +226,8 @@ def _row(records: list[dict[str, str]], first: str) -> dict[str, str]:
     return next(r for r in records if next(iter(r.values())).strip().startswith(first))
 
 
-PRIVACY = ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence")
+#: the bundled audit of `make run` (fedlib.privacy_analyses: the analyses without a target of their own)
+PRIVACY = tuple(analysis.name for analysis in BUNDLED)
 
 
 def privacy(*tables: list[list[str]]) -> str:
@@ -474,13 +478,8 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
         ("table12-run", "reports/table12_run.csv"),
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
-        ("privacy-secagg", "reports/privacy_secagg.csv"),
-        ("privacy-membership-scale", "reports/privacy_membership_scale.csv"),
-        ("privacy-membership-shared", "reports/privacy_membership_shared.csv"),
-        ("privacy-attribute", "reports/privacy_attribute.csv"),
-        ("privacy-inversion-client", "reports/privacy_inversion_client.csv"),
-        ("privacy-dp", "reports/privacy_dp.csv"),
-        ("privacy-dp-utility", "reports/privacy_dp_utility.csv"),
+        # every table of the named privacy targets (fedlib.privacy_analyses)
+        *((table.replace("_", "-"), f"reports/{table}.csv") for analysis in TARGETS for table in analysis.tables),
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
 }

@@ -1,5 +1,6 @@
-"""The privacy audit's sizes, files and report spec (FedPrLLM Sec. 4.5 / App. C as measurements).
+"""The privacy audit's sizes, files and report specs (FedPrLLM Sec. 4.5 / App. C as measurements).
 
+The analyses, their default sizes and their tables are :data:`fedlib.privacy_analyses.ANALYSES`.
 Two size sets: "run" (config `privacy:`, reduced, part of `make run`) and "full" (`privacy.full:`
 overrides per analysis; target privacy_full). The audit runs on the default setting.
 Results: {results}/privacy/<setting>/...; tables: {reports}/privacy_<analysis>[_full].{md,csv}.
@@ -9,26 +10,11 @@ from __future__ import annotations
 
 from fedlib.catalog.tables import Catalog
 from fedlib.catalog.variants import Calib, Prune, Split, Variant, group_arg
+from fedlib.privacy_analyses import ANALYSES, AUDIT, BUNDLED
 from fedlib.report import DATASET_TITLES
 
-DEFAULTS = {
-    "similarity": {"seeds": [], "seed_samples": 32},
-    "sensitivity": {"neighbours": 2, "blocks": None},
-    "membership": {"targets": 32, "pairs": 4, "blocks": 1, "seqlen": 64, "samples": None,
-                   "population": 256, "epsilons": [0.01, 0.1, 1]},
-    "inversion": {"tokens": [16], "texts": 1, "steps": 300, "prior": False, "prior_samples": 32,
-                  "tiny": [1, 2, 3]},
-    "defence": {"epsilons": [1, 4], "group": "layer", "datasets": ["wikitext2"]},
-    "dp": {"epsilons": [8, 64, 512], "delta": 1e-5, "clip": 1.0, "clients": 4, "samples": [32]},
-    "membership_scale": {"sizes": [[2, 512]], "seeds": [0, 1, 2], "targets": 16, "pairs": 4, "population": 64},
-    "membership_shared": {"sizes": [{"samples": 2, "seqlen": 512, "population": 8, "shadows": 8, "clients": 8}],
-                          "seeds": [0, 1, 2]},
-    "attribute": {"domain": "wikitext2", "terms": ["water"], "samples": 2, "seqlen": 512, "seeds": [0, 1, 2],
-                  "trials": 16, "pairs": 16, "population": 512, "domain_population": 64},
-    "inversion_client": {"clients": None, "steps": 300, "refine_moves": 200, "candidates": 2048,
-                         "prior_samples": 32},
-}
-ANALYSES = ("entropy", "similarity", "sensitivity", "membership", "inversion", "defence")
+#: each analysis's default sizes (the config overrides them key by key)
+DEFAULTS = {analysis.name: dict(analysis.defaults) for analysis in ANALYSES if analysis.defaults}
 SIZES = ("run", "full")
 
 
@@ -84,6 +70,12 @@ class PrivacyCatalog:
 
     def client_masks(self) -> list[str]:
         return self.catalog.client_masks(self.calib, self.split, self.prune)
+
+    def clean_global(self, group: str) -> str:
+        """The noise-free global mask the defence compares with: Table 1's one-shot FedPrLLM file
+        with server group ``group`` (path spelling)."""
+        label = Variant.fedprllm("oneshot", group, False).label
+        return self.catalog.variant_source(self.calib, self.split, self.prune, label)[0]
 
     def shard(self, i: int) -> str:
         return f"{self.results}/shards/{self.calib}/{self.split}/client_{i}.safetensors"
@@ -229,16 +221,6 @@ class PrivacyCatalog:
     def dp_eval(self, size: str, fed: str, eps) -> str:
         return f"{self.base}/{size}/dp/{fed}/{eps}/eval.json"
 
-    def dp_inputs(self, size: str) -> list[str]:
-        """Every file the DP tables read."""
-        spec = self.dp_spec(size)
-        u = spec["utility"]
-        files = [f for s in spec["settings"].values() for f in s.values()]
-        files += [f for fed in u["federations"] for s in fed["settings"].values() for f in s.values()]
-        rr = u["randomized_response"]
-        files += [u["public"]["mask"], u["public"]["eval"], u["dense_eval"], *rr["records"].values(), *rr["evals"].values()]
-        return sorted(set(files))
-
     def dp_spec(self, size: str) -> dict:
         d, suffix = self.of(size, "dp"), "" if size == "run" else "_full"
         defence = self.defence_spec(size)
@@ -277,7 +259,7 @@ class PrivacyCatalog:
     def scale_json(self, samples: int, seqlen: int, seed: int) -> str:
         return f"{self.base}/membership_scale/{samples}x{seqlen}/seed{seed}.json"
 
-    def scale_spec(self) -> dict:
+    def membership_scale_spec(self) -> dict:
         sc = self.scale()
         return {
             "context": self.catalog.report_context(self.calib, self.split, self.prune),
@@ -285,9 +267,6 @@ class PrivacyCatalog:
             "sizes": [{"samples": int(n), "seqlen": int(t),
                        "results": [self.scale_json(n, t, seed) for seed in sc["seeds"]]} for n, t in sc["sizes"]],
         }
-
-    def scale_outputs(self) -> list[str]:
-        return [f"{self.catalog.reports}/privacy_membership_scale.{ext}" for ext in ("md", "csv", "html")]
 
     # -- membership with shared shadows (target privacy_membership_shared) -------------------------
 
@@ -304,7 +283,7 @@ class PrivacyCatalog:
         """Size name (a file-name part) -> the size's settings."""
         return {shared_size_name(size): size for size in self.shared()["sizes"]}
 
-    def shared_spec(self) -> dict:
+    def membership_shared_spec(self) -> dict:
         sh = self.shared()
         return {
             "context": self.catalog.report_context(self.calib, self.split, self.prune),
@@ -312,9 +291,6 @@ class PrivacyCatalog:
             "sizes": [{**size, "results": [self.shared_json(size, seed) for seed in sh["seeds"]]}
                       for size in sh["sizes"]],
         }
-
-    def shared_outputs(self) -> list[str]:
-        return [f"{self.catalog.reports}/privacy_membership_shared.{ext}" for ext in ("md", "csv", "html")]
 
     # -- attribute inference (target privacy_attribute) --------------------------------------------
 
@@ -350,9 +326,6 @@ class PrivacyCatalog:
                            for name, p in self.attribute_properties().items()],
         }
 
-    def attribute_outputs(self) -> list[str]:
-        return [f"{self.catalog.reports}/privacy_attribute.{ext}" for ext in ("md", "csv", "html")]
-
     # -- inversion of clients' whole calibration sets (target privacy_inversion_client) -------------
 
     def inversion_client(self) -> dict:
@@ -387,34 +360,62 @@ class PrivacyCatalog:
             "results": [self.inversion_client_json(c) for c in self.inversion_clients()],
         }
 
-    def inversion_client_outputs(self) -> list[str]:
-        return [f"{self.catalog.reports}/privacy_inversion_client.{ext}" for ext in ("md", "csv", "html")]
+    # -- membership against the aggregate (target privacy_secagg) ---------------------------------
 
-    def dp_outputs(self, size: str) -> list[str]:
-        suffix = "" if size == "run" else "_full"
-        return [f"{self.catalog.reports}/privacy_dp{part}{suffix}.{ext}" for part in ("", "_utility")
-                for ext in ("md", "csv", "html")] + [f"{self.catalog.reports}/privacy_dp_utility{suffix}.png"]
+    def secagg(self) -> dict:
+        return self.of("run", "secagg")
 
-    def outputs(self, size: str) -> tuple[list[str], list[str]]:
-        """(tables, pages and plots shown in the HTML report) the report of ``size`` writes."""
-        suffix = "" if size == "run" else "_full"
-        reports = self.catalog.reports
-        shown = [f"{reports}/privacy_{analysis}{suffix}.html" for analysis in ANALYSES]
-        shown += [f"{reports}/privacy_membership_roc{suffix}.png", f"{reports}/privacy_defence{suffix}.png"]
-        tables = [f"{reports}/privacy_{analysis}{suffix}.{ext}" for analysis in ANALYSES for ext in ("md", "csv")]
-        return tables + [f"{reports}/privacy_entropy_layers{suffix}.csv"], shown
+    def secagg_args(self) -> str:
+        """``fedlib privacy secagg``'s sizes (its population and client size are the membership analysis's)."""
+        sa = self.secagg()
+        return (f"--targets {sa['targets']} --pairs {sa['pairs']} --pool {sa['pool']} --draws {sa['draws']} "
+                f"--blocks {sa['blocks']} --cohorts {' '.join(str(m) for m in sa['cohorts'])} "
+                f"--server-group {sa['server_group']}")
 
-    def report_spec(self, size: str) -> dict:
+    def secagg_json(self) -> str:
+        return f"{self.base}/secagg.json"
+
+    def secagg_spec(self) -> dict:
+        return {"context": self.catalog.report_context(self.calib, self.split, self.prune),
+                "out_dir": self.catalog.reports, "secagg": self.secagg_json()}
+
+    def audit_spec(self, size: str) -> dict:
+        """The bundled audit's report spec (every analysis without a target of its own)."""
         return {
             "context": self.catalog.report_context(self.calib, self.split, self.prune),
             "out_dir": self.catalog.reports, "suffix": "" if size == "run" else "_full", "size": size,
-            **{a: self.json(size, a) for a in ANALYSES if a != "defence"},
+            **{a.name: self.json(size, a.name) for a in BUNDLED if a.name != "defence"},
             "defence": self.defence_spec(size),
         }
 
-    def report_inputs(self, size: str) -> list[str]:
-        spec = self.report_spec(size)
-        d = spec["defence"]
-        files = [spec[a] for a in ANALYSES if a != "defence"]
-        files += list(d["records"].values()) + list(d["evals"].values()) + [d["clean_eval"], d["dense_eval"]]
-        return files
+    # -- every report, from the registry ---------------------------------------------------------
+
+    def report_spec(self, target: str, size: str = "run") -> dict:
+        """The spec the report of ``target`` (``privacy``: the bundled audit) writes its tables from:
+        :meth:`audit_spec`, or ``<name>_spec`` of the target's analysis."""
+        if target == AUDIT:
+            return self.audit_spec(size)
+        [analysis] = [a for a in ANALYSES if a.target == target]
+        build = getattr(self, f"{analysis.name}_spec")
+        return build(size) if len(analysis.sizes) > 1 else build()
+
+    def report_inputs(self, target: str, size: str = "run") -> list[str]:
+        """The result files the report of ``target`` reads: every file of its spec under results/."""
+        found: set[str] = set()
+
+        def walk(value) -> None:
+            if isinstance(value, dict):
+                for item in value.values():
+                    walk(item)
+            elif isinstance(value, list):
+                for item in value:
+                    walk(item)
+            elif isinstance(value, str) and value.startswith(f"{self.results}/"):
+                found.add(value)
+
+        walk(self.report_spec(target, size))
+        return sorted(found)
+
+    def report_outputs(self, target: str, size: str = "run") -> list[str]:
+        """The files the report of ``target`` writes (the bundled audit's: every bundled analysis's)."""
+        return [f for a in ANALYSES if a.target == target for f in a.files(self.catalog.reports, size)]

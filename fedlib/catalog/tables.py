@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from fedlib.catalog.variants import STRATEGIES, Calib, Prune, Split, Variant, group_arg, group_path
+from fedlib.catalog.variants import SCHEDULES, Calib, Prune, Split, Variant, group_arg, group_path
 
 #: the server comparison groups of Tables 2, 5 and 11, in row order
 SERVER_GROUPS = ("layer", "row", "column")
@@ -109,11 +109,11 @@ class Catalog:
         return [Variant("local", client=i).label
                 for i in range(min(n, self.config["baselines"].get("local_only_clients", 4)))]
 
-    def fedprllm_labels(self, strategies: Sequence[str] | None = None) -> list[str]:
+    def fedprllm_labels(self, schedules: Sequence[str] | None = None) -> list[str]:
         server = self.config["server"]
-        strategies = strategies or server.get("strategies", ["oneshot"])
-        return [Variant.fedprllm(strategy, group, scaled).label
-                for strategy in strategies for scaled in server["scaling"] for group in server["groups"]]
+        schedules = schedules or server.get("schedules", ["oneshot"])
+        return [Variant.fedprllm(schedule, group, scaled).label
+                for schedule in schedules for scaled in server["scaling"] for group in server["groups"]]
 
     def client_masks(self, calib: str, split: str, prune: str) -> list[str]:
         return [Variant("local", client=i).source(self.results, calib, split, prune)[0]
@@ -138,6 +138,18 @@ class Catalog:
         args = f"--method {p.method} --sparsity {p.sparsity} {group_flag} {group_arg(p.group)}"
         options = self.method_options_arg(p.method)
         return f"{args} {options}" if options else args
+
+    def server_args(self) -> str:
+        """The server's own settings (``fedlib aggregate``): ``server.robust``, the screening rule
+        of :data:`fedlib.server.robust.RULES`; nothing when absent (every client's votes count)."""
+        robust = self.config["server"].get("robust")
+        return f"--robust {robust}" if robust else ""
+
+    def upload_args(self) -> str:
+        """How clients write the mask files they send (``fedlib client-mask``):
+        ``upload.format_version``; nothing when absent (version 1, packed bits)."""
+        version = self.config.get("upload", {}).get("format_version")
+        return f"--format-version {version}" if version else ""
 
     def cohort_args(self, prune: str) -> str:
         """What the server expects of every client file it aggregates (``fedlib aggregate
@@ -234,14 +246,14 @@ class Catalog:
                          "results": [self.eval_json(calib, split, prune, label)]})
         return rows
 
-    def table1(self, strategies: Sequence[str] | None = None, calib: str | None = None) -> dict:
+    def table1(self, schedules: Sequence[str] | None = None, calib: str | None = None) -> dict:
         """Table 1 of the default setting (or of another calibration draw ``calib``): every row's
         paired difference from Centralized on the same windows, and FedPrLLM layer (no scaling)
         against Local-only."""
         calib, split, prune = self.setting(calib)
         p = Prune.parse(prune)
         rows = self.baseline_rows(calib, split, prune)
-        labels = self.fedprllm_labels(strategies)
+        labels = self.fedprllm_labels(schedules)
         rows += [self.fedprllm_row(calib, split, prune, label) for label in labels]
         local = [self.eval_json(calib, split, prune, label) for label in self.local_only_labels(split)]
         layer = [label for label in labels if Variant.from_label(label).group == "layer"
@@ -490,7 +502,7 @@ class Catalog:
     def study_specs(self) -> dict[str, Callable[[], dict]]:
         """Named study targets -> their table spec (built on call)."""
         return {
-            "table1_full": lambda: self.table1(STRATEGIES),
+            "table1_full": lambda: self.table1(SCHEDULES),
             "table1_seeds": self.table1_seeds,
             "table12_run": self.table12_run,  # part of `make run`
             "table12": self.table12,

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 #: comparison group as spelled in paths (2of4 is the CLI's 2:4)
 GROUP_PATTERN = r"row|layer|column|\d+of\d+"
-STRATEGIES = ("oneshot", "iterative")
+#: FedPrLLM's schedules as labels and paths spell them: one round over every block, one round per block
+SCHEDULES = ("oneshot", "iterative")
 
 #: labels of variants scored under a setting (every label but dense, which has its own rule/path)
 SETTING_LABEL_PATTERN = (
     r"centralized|local_\d+|random|fedspallm|standalone_\d+"
-    rf"|fedprllm_({'|'.join(STRATEGIES)})_({GROUP_PATTERN})_(scale|noscale)"
+    rf"|fedprllm_({'|'.join(SCHEDULES)})_({GROUP_PATTERN})_(scale|noscale)"
 )
 LABEL_PATTERN = rf"dense|{SETTING_LABEL_PATTERN}"
 LABEL_GRAMMAR = ("dense | centralized | local_<i> | random | fedspallm | standalone_<i> | "
@@ -112,11 +113,11 @@ class Prune:
 class Variant:
     """One evaluated model: ``kind`` is dense, centralized, local (client ``client``'s own mask),
     random, fedspallm, standalone (client ``client``'s FedSpaLLM model) or fedprllm (server
-    ``strategy`` with comparison ``group`` in path spelling, ``scale`` = weight scaling)."""
+    ``schedule`` with comparison ``group`` in path spelling, ``scale`` = weight scaling)."""
 
     kind: str
     client: int | None = None
-    strategy: str | None = None
+    schedule: str | None = None
     group: str | None = None
     scale: bool | None = None
 
@@ -128,14 +129,14 @@ class Variant:
             kind, client = label.split("_")
             return cls(kind, client=int(client))
         if label.startswith("fedprllm_"):
-            _, strategy, group, scale = label.split("_")
-            return cls("fedprllm", strategy=strategy, group=group, scale=scale == "scale")
+            _, schedule, group, scale = label.split("_")
+            return cls("fedprllm", schedule=schedule, group=group, scale=scale == "scale")
         return cls(label)
 
     @classmethod
-    def fedprllm(cls, strategy: str, group: str, scale: bool) -> Variant:
+    def fedprllm(cls, schedule: str, group: str, scale: bool) -> Variant:
         """A FedPrLLM variant; ``group`` in either spelling (2:4 or 2of4)."""
-        return cls("fedprllm", strategy=strategy, group=group_path(group), scale=bool(scale))
+        return cls("fedprllm", schedule=schedule, group=group_path(group), scale=bool(scale))
 
     def __post_init__(self):
         per_client = self.kind in ("local", "standalone")
@@ -143,9 +144,9 @@ class Variant:
         valid = (
             self.kind in ("dense", "centralized", "random", "fedspallm", "local", "standalone", "fedprllm")
             and (isinstance(self.client, int) and self.client >= 0 if per_client else self.client is None)
-            and ((self.strategy in STRATEGIES and isinstance(self.group, str)
+            and ((self.schedule in SCHEDULES and isinstance(self.group, str)
                   and re.fullmatch(GROUP_PATTERN, self.group) is not None and isinstance(self.scale, bool))
-                 if fedprllm else (self.strategy, self.group, self.scale) == (None, None, None))
+                 if fedprllm else (self.schedule, self.group, self.scale) == (None, None, None))
         )
         if not valid:
             raise ValueError(f"invalid variant {self!r}: labels are {LABEL_GRAMMAR}")
@@ -155,7 +156,7 @@ class Variant:
         if self.kind in ("local", "standalone"):
             return f"{self.kind}_{self.client}"
         if self.kind == "fedprllm":
-            return f"fedprllm_{self.strategy}_{self.group}_{'scale' if self.scale else 'noscale'}"
+            return f"fedprllm_{self.schedule}_{self.group}_{'scale' if self.scale else 'noscale'}"
         return self.kind
 
     def to_label(self) -> str:
@@ -178,16 +179,29 @@ class Variant:
         """fedprllm_oneshot_layer_scale -> FedPrLLM (layer, one-shot, scaling)"""
         if self.kind != "fedprllm":
             raise ValueError(f"variant {self.label} has no FedPrLLM name")
-        strategy = "one-shot" if self.strategy == "oneshot" else "iterative"
-        return f"FedPrLLM ({group_arg(self.group)}, {strategy}" + (", scaling)" if self.scale else ")")
+        schedule = "one-shot" if self.schedule == "oneshot" else "iterative"
+        return f"FedPrLLM ({group_arg(self.group)}, {schedule}" + (", scaling)" if self.scale else ")")
 
     @property
     def cells(self) -> list[str]:
-        """A FedPrLLM row's cells: method, server comparison group, strategy, weight scaling."""
+        """A FedPrLLM row's cells: method, server comparison group, schedule (the papers' "pruning
+        strategy"), weight scaling."""
         if self.kind != "fedprllm":
             raise ValueError(f"variant {self.label} has no FedPrLLM cells")
         return ["FedPrLLM", group_arg(self.group).capitalize(),
-                "One-shot" if self.strategy == "oneshot" else "Iterative", "✓" if self.scale else "✗"]
+                "One-shot" if self.schedule == "oneshot" else "Iterative", "✓" if self.scale else "✗"]
+
+    @property
+    def global_stem(self) -> str:
+        """A FedPrLLM variant's global mask file under ``{results}/global/{calib}/{split}/{prune}/``,
+        without ``.mask.safetensors``: ``{strategy}_{run}_{group}``, the strategy of
+        :data:`fedlib.server.STRATEGIES` that wrote it, then its run: one-shot scaling is applied
+        when the model is evaluated, but iterative pruning with scaling propagates through scaled
+        blocks, a run of its own (``iterative-scaled``)."""
+        if self.kind != "fedprllm":
+            raise ValueError(f"variant {self.label} has no global mask file")
+        run = f"{self.schedule}-scaled" if self.schedule == "iterative" and self.scale else self.schedule
+        return f"{self.kind}_{run}_{self.group}"
 
     def eval_path(self, results: str, calib: str, split: str, prune: str, measure: str = "eval") -> str:
         """Its result file under ``{results}/{measure}/`` (eval: perplexity, zeroshot: accuracy)."""
@@ -214,8 +228,6 @@ class Variant:
         elif self.kind == "random":
             path = f"{results}/random/{Prune.parse(prune).sparsity}.mask.safetensors"
         else:
-            # iterative pruning with scaling propagates through scaled blocks: a run of its own
-            run = f"{self.strategy}-scaled" if self.strategy == "iterative" and self.scale else self.strategy
-            path = f"{results}/global/{base}/{run}_{self.group}.mask.safetensors"
+            path = f"{results}/global/{base}/{self.global_stem}.mask.safetensors"
             return path, f"--mask {path}" + (" --scale" if self.scale else "")
         return path, f"--mask {path}"

@@ -19,6 +19,8 @@ import math
 import time
 from pathlib import Path
 
+from fedlib.cli_args import add_placement_arguments, parse_data_dir, set_threads
+
 HELP = "zero-shot accuracy (lm-eval) of the base model, optionally with a mask or weight file applied"
 
 
@@ -46,8 +48,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="score the first N documents of each task; 'none' (default) = the full split")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
-    from fedlib.cli import add_placement_arguments
-
     add_placement_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", default="model")
@@ -118,17 +118,14 @@ def zeroshot_variant(model_dir: str, tasks, data_dir: Path | None, limit: int | 
 
 def run(args) -> None:
     """The ``fedlib zeroshot`` verb."""
-    import torch
-
     from fedlib.io import write_text_atomic
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    data_dir = None if args.data_dir in (None, "", "hub") else Path(args.data_dir)
+    set_threads(args)
     start = time.perf_counter()
-    record, samples = zeroshot_variant(args.model, args.tasks, data_dir, args.limit, mask=args.mask, scale=args.scale,
-                              weights=args.weights, batch_size=args.batch_size, seed=args.seed, label=args.label,
-                              device=args.device, dtype=args.dtype)
+    record, samples = zeroshot_variant(args.model, args.tasks, parse_data_dir(args.data_dir), args.limit,
+                                       mask=args.mask, scale=args.scale, weights=args.weights,
+                                       batch_size=args.batch_size, seed=args.seed, label=args.label,
+                                       device=args.device, dtype=args.dtype)
     for task in record["tasks"]:
         row = record["zeroshot"][task]
         metric = record["metrics"][task]

@@ -41,20 +41,27 @@ def popcount(a: np.ndarray) -> int:
 
 
 @contextlib.contextmanager
-def open_mask_files(paths: Sequence[Path], fingerprint: str, layers):
-    """Header-checked mask files (against the model's fingerprint and layers) and a reader
-    of each layer's packed bits: ``packed(i, name) -> uint8 array`` (padding bits are 0,
-    as the format requires, so XOR + popcount over packed arrays counts exact differences)."""
+def open_mask_files(paths: Sequence[Path], handle):
+    """Mask files header-checked against the model ``handle`` (a
+    :class:`fedlib.models.ModelHandle`: its fingerprint and layers; its weights decode format
+    version 2 files) and a reader of each layer's packed bits: ``packed(i, name) -> uint8
+    array`` (padding bits are 0, as the format requires, so XOR + popcount over packed arrays
+    counts exact differences)."""
     from safetensors import safe_open
 
+    from fedlib.maskcode import MagnitudeReference
     from fedlib.maskfile import MaskFile, MaskFileError
 
-    files = [MaskFile(Path(p), fingerprint, layers) for p in paths]
+    layers = handle.layers()
+    reference = MagnitudeReference.of_model(handle)
+    files = [MaskFile(Path(p), handle.fingerprint(), layers, reference=reference) for p in paths]
     sizes = {info.name: math.prod(info.shape) for info in layers}
     with contextlib.ExitStack() as stack:
         handles = [stack.enter_context(safe_open(str(f.path), framework="np")) for f in files]
 
         def packed(i: int, name: str) -> np.ndarray:
+            if files[i].header.format_version == 2:  # coded: the reader decodes (and checks) the bits
+                return packed_bits(files[i].layer_mask(name))
             arr = handles[i].get_tensor(f"mask:{name}")
             if arr.dtype != np.uint8 or arr.shape != ((sizes[name] + 7) // 8,):
                 raise MaskFileError(files[i].path, f"mask:{name}", f"unexpected packed shape {arr.shape}")

@@ -30,8 +30,8 @@ from fedlib import progress
 from fedlib.groups import prune_lowest
 from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter
 from fedlib.models import LayerInfo
-from fedlib.server.robust import ConsensusDistance, client_report, screening_rule
-from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
+from fedlib.server.robust import RULES, ConsensusDistance, client_report, screening_rule
+from fedlib.server.strategy import LayerAggregator, LayerResult, Option, RoundPlan, Strategy
 
 #: schedule -> the ``method`` prefix of its global files
 SCHEDULES = {"one-shot": "fedprllm", "iterative": "fedprllm-iterative"}
@@ -139,6 +139,13 @@ class FedPrLLM(Strategy):
     send = "mask"
     cohort_fields = ("method", "group", "sparsity", "allocation")
     schedules = tuple(SCHEDULES.values())
+    options = (
+        Option("mode", "one round over every block (default), or one round per block", choices=MODES),
+        Option("robust", "count only the votes of the clients this rule does not flag; rules "
+                         "(fedlib.server.robust): mad = distance to the leave-one-out majority mask above "
+                         "median + 3.5 * 1.4826 MAD. Default: every client's votes",
+               choices=tuple(RULES), aggregation_only=True),
+    )
 
     def __post_init__(self):
         if self.mode not in MODES:

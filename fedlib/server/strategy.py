@@ -19,13 +19,16 @@ The three federations of the papers are three schedules of the same protocol:
 
 The simulation drivers (:mod:`fedlib.federation`) and ``fedlib aggregate`` (client files) both go
 through these methods, so a strategy's rule is written once. A new strategy is one module with a
-:class:`Strategy` subclass, plus one line in :data:`fedlib.server.STRATEGIES` (and the config
-schema's enum when the workflow should offer it).
+:class:`Strategy` subclass, plus one line in :data:`fedlib.server.STRATEGIES`: the command line
+offers it (``--strategy``) with its :attr:`Strategy.options`, and the workflow's server rule
+runs it for a path that names it (``{strategy}_oneshot_{group}``, strategies that aggregate
+client mask files). The schedules its global files name belong to the file format's vocabulary
+(:data:`fedlib.protocol.SCHEDULES`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -61,6 +64,27 @@ class LayerResult:
     weight: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class Option:
+    """A setting of one strategy that ``fedlib configure`` / ``fedlib aggregate`` offer as
+    ``--<field>``: the strategy's dataclass field, what the help says, and how argparse reads it
+    (``many``: one or more values, given to the strategy as a tuple). ``aggregation_only``: it
+    changes the aggregation, not the round plan, so only ``fedlib aggregate`` offers it. An
+    option not given keeps the strategy's default."""
+
+    field: str
+    help: str
+    type: Callable[[str], object] | None = None
+    choices: tuple[str, ...] | None = None
+    many: bool = False
+    aggregation_only: bool = False
+
+    def add_to(self, parser, strategy: str) -> None:
+        extra = {"nargs": "+"} if self.many else {}
+        parser.add_argument(f"--{self.field}", type=self.type, choices=self.choices, help=f"{strategy}: {self.help}",
+                            **extra)
+
+
 class LayerAggregator:
     """One layer's aggregation: uploads in, global layer out."""
 
@@ -83,6 +107,8 @@ class Strategy:
     #: what the ``method`` of this strategy's global files starts with (the mask file reader
     #: refuses other global methods: :mod:`fedlib.maskfile`)
     schedules: ClassVar[tuple[str, ...]] = ()
+    #: its own settings on the command line (``group``, ``sparsity`` and ``seed`` are every strategy's)
+    options: ClassVar[tuple[Option, ...]] = ()
 
     def n_rounds(self, n_blocks: int) -> int:
         raise NotImplementedError

@@ -70,15 +70,21 @@ def _previous(message: Message, folder: Path) -> Path | None:
     return path
 
 
+def _pruning(plan: dict):
+    """How the plan asks this site to prune (:class:`fedlib.client.Pruning`, on the CPU)."""
+    from fedlib.client import Pruning
+
+    return Pruning(plan["method"], plan["sparsity"], plan["group"], plan["seed"], json.loads(plan["method-options"]),
+                   plan["batch-size"])
+
+
 def _mask_file(site: Site, message: Message, folder: Path) -> Path:
     """This site's mask file for the plan in ``message`` (what ``fedlib client-mask`` writes)."""
     from fedlib.uploads import write_client_mask
 
     plan = wire.config(message.content, "plan", PLAN)
     out = folder / "upload.safetensors"
-    write_client_mask(site.handle, site.ids, out, client_id=site.client_id, method=plan["method"],
-                      sparsity=plan["sparsity"], group=plan["group"], seed=plan["seed"],
-                      batch_size=plan["batch-size"], method_options=json.loads(plan["method-options"]),
+    write_client_mask(site.handle, site.ids, out, _pruning(plan), client_id=site.client_id,
                       format_version=plan["format-version"],
                       round_index=None if plan["mode"] == "one-shot" else plan["round"],
                       global_masks=_previous(message, folder), scale=plan["scale"])
@@ -113,10 +119,8 @@ def train_weights(message: Message, context: Context) -> Message:
     plan = wire.config(message.content, "plan", {**PLAN, "blocks": (list, int)})
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "upload.safetensors"
-        write_client_weights(site.handle, site.ids, out, blocks=plan["blocks"], client_id=site.client_id,
-                             round_index=plan["round"], method=plan["method"], sparsity=plan["sparsity"],
-                             group=plan["group"], seed=plan["seed"], weight_dtype=plan["weight-dtype"],
-                             batch_size=plan["batch-size"], method_options=json.loads(plan["method-options"]),
+        write_client_weights(site.handle, site.ids, out, _pruning(plan), blocks=plan["blocks"],
+                             client_id=site.client_id, round_index=plan["round"], weight_dtype=plan["weight-dtype"],
                              global_weights=_previous(message, Path(tmp)))
         data = out.read_bytes()
     return Message(RecordDict({"upload": wire.file_record(data), "metrics": _metrics(start)}), reply_to=message)

@@ -18,11 +18,12 @@ rule client_mask:
     params:
         model=model_folder,
         pruning=mask_args,
+        upload=CATALOG.upload_args(),
         seed=config["seed"],
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} {params.upload} "
         "--seed {params.seed} --client-id {wildcards.client} --batch-size {params.batch_size} "
         "{params.placement} --threads {threads} --out {output} > {log} 2>&1"
 

@@ -1,13 +1,12 @@
+# Functions and values the rules share, and the config's validation: nothing else happens here at
+# parse time (the run's own setup, the lock of a killed run and the jobs' environment: the Snakefile).
+
 import errno
 import json
 import os
-import shlex
-import sys
 from pathlib import Path
 
-from snakemake.logging import logger
 from snakemake.utils import validate
-from snakemake_interface_executor_plugins.settings import DeploymentMethod, ExecMode
 
 from fedlib.catalog import (
     CALIB_PATTERN,
@@ -26,24 +25,11 @@ from fedlib.catalog import (
     table_inputs,
 )
 from fedlib.config_check import materialized_dir, validate_config
-from fedlib.runlock import claim_workdir
+from fedlib.privacy_analyses import TARGETS as PRIVACY_TARGETS
+from fedlib.server import STRATEGIES
 
 validate(config, "../schemas/config.schema.yaml")
 validate_config(config, Path.cwd())  # what the schema cannot express: values against each other, files, the model
-
-# A run killed with kill -9 left Snakemake's lock: removed when no other Snakemake of this
-# workflow is alive here (fedlib.runlock); jobs on cluster nodes (not the main process) skip it.
-if workflow.exec_mode == ExecMode.DEFAULT and claim_workdir():
-    logger.info("Removed the lock of an earlier run that is no longer running (.snakemake/locks).")
-
-# Jobs run this checkout's fedlib (`python -m fedlib`, PYTHONPATH) with the `python` of their
-# environment: a conda environment of envs/fedlib.yaml, or else the interpreter that runs
-# Snakemake (the .venv of `make install`, whether or not it is activated).
-# (braces doubled twice: once for these f-strings, once for Snakemake's own formatting)
-_JOB_ENV = f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; "
-if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
-    _JOB_ENV += f"export PATH={shlex.quote(os.path.dirname(sys.executable))}:$PATH; "
-shell.prefix(_JOB_ENV)
 
 RESULTS = config["results_dir"]
 REPORTS = config["reports_dir"]
@@ -61,6 +47,10 @@ EVAL = config["evaluation"]
 #          WikiText-2, C4 and PTB, the non-IID pool)
 #   split  iid-{clients} or dir{alpha}-{clients}         e.g. iid-16, dir5-12
 #   prune  {method}-{sparsity}-{local group}              e.g. wanda-0.5-row, wanda-0.5-2of4
+# {strategy} of the server job (aggregate): the registered strategies that aggregate client mask files
+MASK_STRATEGY_PATTERN = "|".join(name for name, strategy in STRATEGIES.items() if strategy.send == "mask")
+
+
 wildcard_constraints:
     calib=CALIB_PATTERN,
     split=SPLIT_PATTERN,
@@ -209,8 +199,9 @@ def study_caption(name, kind="table"):
 # Privacy audit of the shared masks (FedPrLLM Sec. 4.5 / App. C, made into real measurements):
 # entropy, similarity, sensitivity, membership inference, inversion, and the randomized-response
 # defence with its perplexity cost. Two size sets: "run" (config `privacy:`, reduced, part of
-# `make run`) and "full" (`privacy.full:` overrides per analysis; target privacy_full).
-# Sizes, paths and the report spec: fedlib.catalog.privacy (PRIVACY); the rules in privacy.smk.
+# `make run`) and "full" (`privacy.full:` overrides per analysis; target privacy_full). The
+# analyses with a named target of their own: PRIVACY_TARGETS (fedlib.privacy_analyses).
+# Sizes, paths and the report specs: fedlib.catalog.privacy (PRIVACY); the rules in privacy.smk.
 
 PRIVACY = PrivacyCatalog(CATALOG)
 PRIV_BASE = PRIVACY.base
@@ -218,8 +209,10 @@ DP_FEDERATION = r"setting|[a-z0-9]+-\d+x\d+"  # privacy_dp: the setting's client
 
 
 def priv_outputs(size, for_report=False):
-    """The audit's tables and plots; ``for_report`` flags the HTML pages and plots for the HTML report."""
-    tables, shown = PRIVACY.outputs(size)
+    """The bundled audit's tables and plots; ``for_report`` flags the HTML pages and plots for the HTML report."""
+    outputs = PRIVACY.report_outputs("privacy", size)
+    tables = [path for path in outputs if not path.endswith((".html", ".png"))]
+    shown = [path for path in outputs if path.endswith((".html", ".png"))]
     if for_report:
         caption = "../report/privacy.rst" if size == "run" else "../report/privacy_full.rst"
         shown = [report(path, caption=caption, category="Privacy") for path in shown]

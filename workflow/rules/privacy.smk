@@ -1,4 +1,5 @@
-# Privacy audit rules; sizes, paths and the report spec: PRIVACY (common.smk, fedlib.catalog.privacy).
+# Privacy audit rules; sizes, paths and the report specs: PRIVACY (common.smk, fedlib.catalog.privacy);
+# the analyses, which target runs each and what it writes: fedlib.privacy_analyses.
 
 
 rule privacy_entropy:
@@ -167,7 +168,7 @@ rule privacy_rr_aggregate:
     input:
         model=MODEL_READY,
         masks=PRIVACY.client_masks(),
-        clean=f"{RESULTS}/global/{PRIVACY.calib}/{PRIVACY.split}/{PRIVACY.prune}/oneshot_{{group}}.mask.safetensors",
+        clean=lambda wc: PRIVACY.clean_global(wc.group),
     output:
         mask=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.mask.safetensors",
         record=f"{PRIV_BASE}/defence/rr{{eps}}_{{group}}.record.json",
@@ -230,7 +231,7 @@ for _size in ("run", "full"):
         name:
             f"privacy_report_{_size}"
         input:
-            PRIVACY.report_inputs(_size),
+            PRIVACY.report_inputs("privacy", _size),
         output:
             priv_outputs(_size, for_report=True),
         log:
@@ -241,7 +242,7 @@ for _size in ("run", "full"):
         conda:
             "../../envs/fedlib.yaml"
         params:
-            spec=json.dumps(PRIVACY.report_spec(_size)),
+            spec=json.dumps(PRIVACY.report_spec("privacy", _size)),
         shell:
             "python -m fedlib privacy report --spec {params.spec:q} > {log} 2>&1"
 
@@ -420,38 +421,6 @@ rule privacy_dp_membership:
         "{params.dp} --batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
-for _size in ("run", "full"):
-
-    rule:
-        name:
-            f"privacy_dp_report_{_size}"
-        input:
-            PRIVACY.dp_inputs(_size),
-        output:
-            PRIVACY.dp_outputs(_size),
-        log:
-            f"{LOGS}/report/privacy_dp_{_size}.log",
-        localrule: True
-        conda:
-            "../../envs/fedlib.yaml"
-        params:
-            spec=json.dumps(PRIVACY.dp_spec(_size)),
-        shell:
-            "python -m fedlib privacy dp-report --spec {params.spec:q} > {log} 2>&1"
-
-
-rule privacy_dp:
-    """DP client masks: proven vs audited ε and perplexity (reports/privacy_dp.*; not part of rule all)."""
-    input:
-        PRIVACY.dp_outputs("run"),
-
-
-rule privacy_dp_full:
-    """The DP table at the full audit's sizes (privacy.full)."""
-    input:
-        PRIVACY.dp_outputs("full"),
-
-
 rule privacy_membership_scale_game:
     """One seed's membership game against the client's whole mask, client data of {samples} x {seqlen} tokens."""
     input:
@@ -484,31 +453,6 @@ rule privacy_membership_scale_game:
         "python -m fedlib privacy membership --model {params.model} {params.pruning} --population {input.population} "
         "--targets {params.targets} --samples {wildcards.samples} --pairs {params.pairs} --blocks all "
         "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
-
-
-rule privacy_membership_scale_report:
-    input:
-        [f for size in PRIVACY.scale_spec()["sizes"] for f in size["results"]],
-    output:
-        PRIVACY.scale_outputs(),
-    log:
-        f"{LOGS}/report/privacy_membership_scale.log",
-    benchmark:
-        f"{BENCH}/report/privacy_membership_scale.tsv"
-    localrule: True
-    conda:
-        "../../envs/fedlib.yaml"
-    params:
-        spec=json.dumps(PRIVACY.scale_spec()),
-    shell:
-        "python -m fedlib privacy scale-report --spec {params.spec:q} > {log} 2>&1"
-
-
-rule privacy_membership_scale:
-    """Membership against the whole mask at realistic client sizes, per seed (reports/privacy_membership_scale.*;
-    not part of rule all)."""
-    input:
-        PRIVACY.scale_outputs(),
 
 
 rule privacy_membership_shared_game:
@@ -548,31 +492,6 @@ rule privacy_membership_shared_game:
         "--out {output} > {log} 2>&1"
 
 
-rule privacy_membership_shared_report:
-    input:
-        [f for size in PRIVACY.shared_spec()["sizes"] for f in size["results"]],
-    output:
-        PRIVACY.shared_outputs(),
-    log:
-        f"{LOGS}/report/privacy_membership_shared.log",
-    benchmark:
-        f"{BENCH}/report/privacy_membership_shared.tsv"
-    localrule: True
-    conda:
-        "../../envs/fedlib.yaml"
-    params:
-        spec=json.dumps(PRIVACY.shared_spec()),
-    shell:
-        "python -m fedlib privacy shared-report --spec {params.spec:q} > {log} 2>&1"
-
-
-rule privacy_membership_shared:
-    """Membership against the whole mask with shadows shared by every target, up to FedSpaLLM's 32 samples
-    per client (reports/privacy_membership_shared.*; not part of rule all)."""
-    input:
-        PRIVACY.shared_outputs(),
-
-
 rule privacy_attribute_game:
     """One seed's attribute inference game for one property (a domain or a term) against the client's whole mask."""
     input:
@@ -607,31 +526,6 @@ rule privacy_attribute_game:
         "python -m fedlib privacy attribute --model {params.model} {params.pruning} --population {input.population} "
         "{params.property} --trials {params.trials} --samples {params.samples} --pairs {params.pairs} --blocks all "
         "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
-
-
-rule privacy_attribute_report:
-    input:
-        [f for prop in PRIVACY.attribute_spec()["properties"] for f in prop["results"]],
-    output:
-        PRIVACY.attribute_outputs(),
-    log:
-        f"{LOGS}/report/privacy_attribute.log",
-    benchmark:
-        f"{BENCH}/report/privacy_attribute.tsv"
-    localrule: True
-    conda:
-        "../../envs/fedlib.yaml"
-    params:
-        spec=json.dumps(PRIVACY.attribute_spec()),
-    shell:
-        "python -m fedlib privacy attribute-report --spec {params.spec:q} > {log} 2>&1"
-
-
-rule privacy_attribute:
-    """Attribute inference (a domain or a term in the client's data) against the whole mask, per seed
-    (reports/privacy_attribute.*; not part of rule all)."""
-    input:
-        PRIVACY.attribute_outputs(),
 
 
 rule privacy_heldout_text:
@@ -694,26 +588,64 @@ rule privacy_inversion_client_attack:
         "--candidates {params.candidates} --threads {threads} --out {output} > {log} 2>&1"
 
 
-rule privacy_inversion_client_report:
+rule privacy_secagg_game:
+    """The membership game against what secure aggregation shows the server: the sum of m clients'
+    masks, and its global mask, per cohort size m (the membership analysis's population and client size)."""
     input:
-        PRIVACY.inversion_client_spec()["results"],
+        model=MODEL_READY,
+        population=PRIVACY.population("run"),
     output:
-        PRIVACY.inversion_client_outputs(),
+        PRIVACY.secagg_json(),
     log:
-        f"{LOGS}/report/privacy_inversion_client.log",
+        f"{LOGS}/privacy/secagg.log",
     benchmark:
-        f"{BENCH}/report/privacy_inversion_client.tsv"
-    localrule: True
+        f"{BENCH}/privacy/secagg.tsv"
     conda:
         "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["population"]),
+        gpu=MODEL_JOB_GPUS,
     params:
-        spec=json.dumps(PRIVACY.inversion_client_spec()),
+        model=model_folder,
+        pruning=PRIVACY.pruning_args(),
+        samples=PRIVACY.membership_samples("run"),
+        sizes=PRIVACY.secagg_args(),
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib privacy inversion-client-report --spec {params.spec:q} > {log} 2>&1"
+        "python -m fedlib privacy secagg --model {params.model} {params.pruning} --population {input.population} "
+        "--samples {params.samples} {params.sizes} --batch-size {params.batch_size} {params.placement} "
+        "--threads {threads} --out {output} > {log} 2>&1"
 
 
-rule privacy_inversion_client:
-    """The server inverts clients' uploaded masks to their whole calibration sets
-    (reports/privacy_inversion_client.*; not part of rule all)."""
-    input:
-        PRIVACY.inversion_client_outputs(),
+# Every named target's report and the target itself (fedlib.privacy_analyses: the analyses with a target;
+# their report specs: PRIVACY.report_spec, the bundled audit's rules are above)
+for _analysis in PRIVACY_TARGETS:
+    for _size in _analysis.sizes:
+        _name = _analysis.name + ("" if len(_analysis.sizes) == 1 else f"_{_size}")
+
+        rule:
+            name:
+                _analysis.report_rule(_size)
+            input:
+                PRIVACY.report_inputs(_analysis.target, _size),
+            output:
+                PRIVACY.report_outputs(_analysis.target, _size),
+            log:
+                f"{LOGS}/report/privacy_{_name}.log",
+            benchmark:
+                f"{BENCH}/report/privacy_{_name}.tsv"
+            localrule: True
+            conda:
+                "../../envs/fedlib.yaml"
+            params:
+                spec=json.dumps(PRIVACY.report_spec(_analysis.target, _size)),
+            shell:
+                f"python -m fedlib privacy {_analysis.report} --spec {{params.spec:q}} > {{log}} 2>&1"
+
+        rule:
+            name:
+                _analysis.target + ("" if _size == "run" else f"_{_size}")
+            input:
+                PRIVACY.report_outputs(_analysis.target, _size),

@@ -1,17 +1,20 @@
 rule aggregate:
-    """FedPrLLM server, one-shot: vote over all client masks, top-k per comparison group.
+    """The server of a strategy that aggregates client mask files (fedlib.server.STRATEGIES), one
+    round over every block: FedPrLLM votes over all client masks, top-k per comparison group.
     The output keeps the vote counts, so scaled and unscaled variants share it; the outlier
     report beside it gives each client's distance to the consensus (fedlib.server.robust)."""
     input:
         model=MODEL_READY,
         masks=client_masks,
     output:
-        mask=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.mask.safetensors",
-        report=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.mask.clients.json",
+        mask=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/{{strategy}}_oneshot_{{group}}.mask.safetensors",
+        report=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/{{strategy}}_oneshot_{{group}}.mask.clients.json",
     log:
-        f"{LOGS}/aggregate/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.log",
+        f"{LOGS}/aggregate/{{calib}}/{{split}}/{{prune}}/{{strategy}}_oneshot_{{group}}.log",
     benchmark:
-        f"{BENCH}/aggregate/{{calib}}/{{split}}/{{prune}}/oneshot_{{group}}.tsv"
+        f"{BENCH}/aggregate/{{calib}}/{{split}}/{{prune}}/{{strategy}}_oneshot_{{group}}.tsv"
+    wildcard_constraints:
+        strategy=MASK_STRATEGY_PATTERN,
     conda:
         "../../envs/fedlib.yaml"
     resources:
@@ -22,10 +25,11 @@ rule aggregate:
         group=lambda wc: group_arg(wc.group),
         seed=config["seed"],
         cohort=lambda wc: CATALOG.cohort_args(wc.prune),
+        options=CATALOG.server_args(),
     shell:
-        "python -m fedlib aggregate --model {params.model} --strategy fedprllm --group {params.group} "
-        "--sparsity {params.sparsity} --seed {params.seed} {params.cohort} --out {output.mask} --report {output.report} "
-        "{input.masks} > {log} 2>&1"
+        "python -m fedlib aggregate --model {params.model} --strategy {wildcards.strategy} --group {params.group} "
+        "--sparsity {params.sparsity} --seed {params.seed} {params.cohort} {params.options} --out {output.mask} "
+        "--report {output.report} {input.masks} > {log} 2>&1"
 
 
 rule iterative:
@@ -35,12 +39,12 @@ rule iterative:
         model=MODEL_READY,
         calib=client_shards,
     output:
-        mask=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.mask.safetensors",
-        record=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.rounds.json",
+        mask=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/fedprllm_{{run}}_{{group}}.mask.safetensors",
+        record=f"{RESULTS}/global/{{calib}}/{{split}}/{{prune}}/fedprllm_{{run}}_{{group}}.rounds.json",
     log:
-        f"{LOGS}/iterative/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.log",
+        f"{LOGS}/iterative/{{calib}}/{{split}}/{{prune}}/fedprllm_{{run}}_{{group}}.log",
     benchmark:
-        f"{BENCH}/iterative/{{calib}}/{{split}}/{{prune}}/{{run}}_{{group}}.tsv"
+        f"{BENCH}/iterative/{{calib}}/{{split}}/{{prune}}/fedprllm_{{run}}_{{group}}.tsv"
     wildcard_constraints:
         run=r"iterative|iterative-scaled",
     conda:

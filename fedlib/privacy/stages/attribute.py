@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from fedlib.client import Pruning
 from fedlib.privacy.bits import flat_mask
 from fedlib.privacy.stages.membership import attack_summary, shadow_pairs
 from fedlib.privacy.stages.recompute import client_masks
@@ -36,15 +37,9 @@ def attribute_audit(
     samples: int,
     pairs: int,
     blocks: int | None = None,
-    method: str = "wanda",
-    sparsity: float = 0.5,
-    group: str = "row",
-    seed: int = 0,
+    pruning: Pruning = Pruning(),
     fprs: Sequence[float] = (0.01, 0.001),
     confidence: float = 0.95,
-    batch_size: int = 8,
-    method_options: Mapping | None = None,
-    placement=None,
 ) -> dict:
     """Attribute inference: is one of the client's ``samples`` rows a row with the property?
 
@@ -68,6 +63,7 @@ def attribute_audit(
         raise ValueError(f"attribute inference needs at least 4 shadow pairs (2 direction + 2 fit), got {pairs}")
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
+    seed = pruning.seed
     rng = np.random.default_rng([seed, 0xA771])
     halves = {}
     for kind, rows, need in (("with", with_rows, 1), ("without", without_rows, samples)):
@@ -86,8 +82,7 @@ def attribute_audit(
 
     def mask_of(rows) -> torch.Tensor:
         nonlocal names, computed
-        masks = client_masks(model, population[list(rows)], method, sparsity, group, seed, blocks, batch_size,
-                             method_options, placement=placement)
+        masks = client_masks(model, population[list(rows)], pruning, blocks)
         names = names or list(masks)
         computed += 1
         if computed % 8 == 0:
@@ -139,10 +134,11 @@ def attribute_audit(
         "client_rows": {k: int(h["client"].size) for k, h in halves.items()},
         "trials": trials, "samples": samples, "pairs": pairs, "direction_pairs": n_dir, "fit_pairs": pairs - n_dir,
         "blocks": blocks, "seqlen": int(population.shape[1]), "observed_layers": len(names or []),
-        "observed_bits": int(direction.numel()), "method": method, "group": group, "sparsity": sparsity, "seed": seed,
+        "observed_bits": int(direction.numel()), "method": pruning.method, "group": pruning.group,
+        "sparsity": pruning.sparsity, "seed": seed,
         "confidence": confidence, "fprs": list(fprs), "masks_computed": computed,
         "scores_with": scores[0].tolist(), "scores_without": scores[1].tolist(),
         "attack": attack_summary(scores[0], scores[1], fprs, confidence, seed),
         "pair_hamming": float(np.mean(pair_hamming)), "direction_support": int(support.numel()),
-        **({"method_options": dict(method_options)} if method_options else {}),
+        **({"method_options": dict(pruning.options)} if pruning.options else {}),
     }

@@ -162,10 +162,11 @@ def rr_aggregate(
     votes aggregates the client mask files into the global mask file ``out``.
     ``clean_global``: the noise-free FedPrLLM global mask file of the same clients (from
     ``fedlib aggregate``), read instead of recomputed for the distance to the noisy one."""
-    from fedlib.models import fingerprint, prunable_layers
+    from fedlib.maskcode import MagnitudeReference
+    from fedlib.models import ModelHandle
 
-    layers = prunable_layers(model)
-    fp = fingerprint(model)
+    handle = ModelHandle.of(model)
+    layers, fp = handle.layers(), handle.fingerprint()
     clean_file = None
     if clean_global is not None:
         clean_file = MaskFile(Path(clean_global), fp, layers)
@@ -175,6 +176,6 @@ def rr_aggregate(
                              f"{h.n_clients} clients) is not the noise-free global mask of this aggregation")
     server = FedPrLLM(group=group, sparsity=sparsity, seed=seed)
     server.hook = hook = RandomizedResponseVotes(epsilon, len(mask_paths), server, per_client, clean_file)
-    server.aggregate(mask_paths, fp, layers, Path(out))
+    server.aggregate(mask_paths, fp, layers, Path(out), reference=MagnitudeReference.of_model(handle))
     return {"analysis": "defence", "model_fingerprint": fp, "group": group, "sparsity": sparsity, "seed": seed,
             **hook.summary(), "mask": str(out)}

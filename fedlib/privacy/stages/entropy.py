@@ -30,7 +30,7 @@ def entropy_audit(model, mask_paths: Sequence[Path]) -> dict:
     block_weights: dict = {}  # the current block's tensors, read once (a lazy model reads from disk)
     pooled = torch.zeros(65536, dtype=torch.int64)
     rows = []
-    with open_mask_files(mask_paths, fp, layers) as (files, packed):
+    with open_mask_files(mask_paths, handle) as (files, packed):
         m = len(files)
         h_of_count = np.array([bernoulli_entropy_bits(c / m) for c in range(m + 1)])
         for info in layers:

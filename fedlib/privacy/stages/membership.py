@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from fedlib.client import Pruning
 from fedlib.privacy.bits import flat_mask
 from fedlib.privacy.stages.recompute import client_masks
 
@@ -69,17 +70,11 @@ def membership_audit(
     samples: int,
     pairs: int,
     blocks: int | None,
-    method: str = "wanda",
-    sparsity: float = 0.5,
-    group: str = "row",
-    seed: int = 0,
+    pruning: Pruning = Pruning(),
     epsilons: Sequence[float] = (),
     fprs: Sequence[float] = (0.01, 0.001),
     confidence: float = 0.95,
     natural: int = 12,
-    batch_size: int = 8,
-    method_options: Mapping | None = None,
-    placement=None,
     dp=None,
 ) -> dict:
     """LiRA membership inference against a client's (block-restricted) mask.
@@ -87,6 +82,7 @@ def membership_audit(
     The game, per target t (the first ``targets`` rows of ``population``): the client's data
     set is t plus ``samples``-1 random other population rows (member) or ``samples`` random
     other rows (non-member); the attacker sees the client's mask of blocks ``0..blocks-1``.
+    Every mask is computed as ``pruning`` says, whose seed also draws the game.
     The attacker knows the model, the method and the population. It computes ``pairs`` shadow
     pairs per target, (R + t, R + s) with R random and s a random replacement (replace-one
     neighbours): the first half give the direction d_t = mean(in) - mean(out)
@@ -125,6 +121,7 @@ def membership_audit(
         raise ValueError(f"samples must be in 1..{P - 1}, got {samples}")
     n_dir = pairs // 2
     n_fit = pairs - n_dir
+    seed = pruning.seed
     rng = np.random.default_rng([seed, 0x4D1A])
     noise_seeds = np.random.default_rng([seed, 0xD9])  # apart from rng: the game's draws stay those without DP
     names: list[str] | None = None
@@ -132,8 +129,8 @@ def membership_audit(
 
     def mask_of(rows) -> torch.Tensor:
         nonlocal names
-        masks = client_masks(model, population[list(rows)], method, sparsity, group, seed, blocks, batch_size,
-                             method_options, placement=placement, dp=dp, dp_noise_seed=int(noise_seeds.integers(2**62)))
+        masks = client_masks(model, population[list(rows)], pruning, blocks, dp=dp,
+                             dp_noise_seed=int(noise_seeds.integers(2**62)))
         if names is None:
             names = list(masks)
         return flat_mask(masks, names)
@@ -209,7 +206,7 @@ def membership_audit(
         "population": int(P), "targets": targets, "samples": samples, "pairs": pairs,
         "direction_pairs": n_dir, "fit_pairs": n_fit, "blocks": blocks,
         "seqlen": int(population.shape[1]), "observed_layers": len(names or []),
-        "observed_bits": int(n_bits), "method": method, "group": group, "sparsity": sparsity,
+        "observed_bits": int(n_bits), "method": pruning.method, "group": pruning.group, "sparsity": pruning.sparsity,
         "seed": seed, "confidence": confidence, "fprs": list(fprs),
         "scores_members": members.tolist(), "scores_nonmembers": nonmembers.tolist(),
         "attack": attack_summary(members, nonmembers, fprs, confidence, seed,
@@ -222,12 +219,12 @@ def membership_audit(
         "direction_support_mean": float(np.mean(support_sizes)),
         "rr": [],
     }
-    if method_options:
-        result["method_options"] = dict(method_options)
+    if pruning.options:
+        result["method_options"] = dict(pruning.options)
     if dp is not None and dp.enabled:
         from fedlib.privacy.dp import dp_method
 
-        result["dp"] = json.loads(dp_method(method, dp, names, 0)[1].header())
+        result["dp"] = json.loads(dp_method(pruning.method, dp, names, 0)[1].header())
     for e, eps in enumerate(eps_list):
         m, n = scores(rr_obs[e], rr_fit_in[e], rr_fit_out[e])
         summary = attack_summary(m, n, fprs, confidence, seed)

@@ -30,27 +30,26 @@ over the same draws, so the ε lower bounds bound the mask's sample-level ε.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
+from fedlib.client import Pruning
 from fedlib.privacy.stages.membership import attack_summary
 
 
-def row_statistics(model, population: torch.Tensor, method: str = "wanda", sparsity: float = 0.5,
-                   group: str = "row", seed: int = 0, batch_size: int = 8, method_options: Mapping | None = None,
-                   placement=None) -> dict[str, torch.Tensor]:
+def row_statistics(model, population: torch.Tensor, pruning: Pruning = Pruning()) -> dict[str, torch.Tensor]:
     """Per linear, a (rows, in_features) float64 matrix: each population row's per-channel sum
     of squared inputs, through the recursion of the population's own mask (the attacker's
     reference for the client's pruned blocks). Linears that share their input tensor with an
     earlier one and take its statistics (q/k/v, gate/up under SparseGPT) get that one's rows."""
-    from fedlib.client import prune_locally, resolve_method
+    from fedlib.client import prune_locally
     from fedlib.privacy.dp import input_key
-    from fedlib.runner import CPU
 
-    factory = resolve_method(method)
+    factory = pruning.factory
     recorded: dict[str, list[torch.Tensor]] = {}
 
     def add_batch(self, inp: torch.Tensor) -> None:
@@ -63,8 +62,8 @@ def row_statistics(model, population: torch.Tensor, method: str = "wanda", spars
 
     recorder = type(f"RowRecording{factory.__name__}", (factory,), {"add_batch": add_batch})
     names: list[str] = []
-    prune_locally(model, population, recorder, sparsity, group, seed, batch_size, method_options,
-                  on_block=lambda _i, decision: names.extend(decision.masks), placement=placement or CPU, keep=False)
+    prune_locally(model, population, dataclasses.replace(pruning, method=recorder),
+                  on_block=lambda _i, decision: names.extend(decision.masks), keep=False)
     by_input = {input_key(n): n for n in reversed(names) if n in recorded}
     stats = {}
     for name in names:
@@ -78,14 +77,11 @@ def row_statistics(model, population: torch.Tensor, method: str = "wanda", spars
     return stats
 
 
-def kept_columns(model, rows: torch.Tensor, method: str = "wanda", sparsity: float = 0.5, group: str = "row",
-                 seed: int = 0, batch_size: int = 8, method_options: Mapping | None = None,
-                 placement=None) -> dict[str, torch.Tensor]:
+def kept_columns(model, rows: torch.Tensor, pruning: Pruning = Pruning()) -> dict[str, torch.Tensor]:
     """The client's whole mask for calibration ``rows`` (:func:`fedlib.client.prune_locally`),
     reduced to what the statistic reads: per linear, the fraction of rows keeping each column
     (float32). The masks themselves are dropped block by block."""
     from fedlib.client import prune_locally
-    from fedlib.runner import CPU
 
     kept = {}
 
@@ -94,8 +90,7 @@ def kept_columns(model, rows: torch.Tensor, method: str = "wanda", sparsity: flo
             rows = mask.shape[0]  # column counts: no float copy of the whole mask
             kept[name] = (rows - mask.sum(dim=0)).to("cpu", torch.float32) / rows
 
-    prune_locally(model, rows, method, sparsity, group, seed, batch_size, method_options, on_block=on_block,
-                  placement=placement or CPU, keep=False)
+    prune_locally(model, rows, pruning, on_block=on_block, keep=False)
     return kept
 
 
@@ -197,19 +192,13 @@ def membership_shared_audit(
     samples: int,
     shadows: int,
     clients: int,
-    method: str = "wanda",
-    sparsity: float = 0.5,
-    group: str = "row",
-    seed: int = 0,
+    pruning: Pruning = Pruning(),
     fprs: Sequence[float] = (0.01, 0.001),
     confidence: float = 0.95,
-    batch_size: int = 8,
-    method_options: Mapping | None = None,
-    placement=None,
 ) -> dict:
     """The shared-shadow membership game against the client's whole mask (module docstring):
     ``shadows`` attacker masks and ``clients`` client masks of ``samples`` population rows each;
-    the seed draws the data sets and breaks ties."""
+    each computed as ``pruning`` says, whose seed also draws the data sets."""
     from fedlib.models import fingerprint
 
     n_rows = int(population.shape[0])
@@ -217,20 +206,19 @@ def membership_shared_audit(
         raise ValueError(f"samples must be in 1..{n_rows - 1} (population rows), got {samples}")
     if clients < 2:
         raise ValueError(f"clients must be >= 2, got {clients}")
+    seed = pruning.seed
     rng = np.random.default_rng([seed, 0x5A4D])
     shadow_sets = balanced_partitions(n_rows, samples, shadows, rng)
     client_sets, designated, member = designated_sets(n_rows, samples, clients, rng)
-    prune = dict(method=method, sparsity=sparsity, group=group, seed=seed, batch_size=batch_size,
-                 method_options=method_options, placement=placement)
     t0 = time.perf_counter()
-    stats = row_statistics(model, population, **prune)
+    stats = row_statistics(model, population, pruning)
     names = list(stats)
     x = relative_deviations(stats, names)
     del stats
     print(f"membership_shared: row statistics of {n_rows} rows ({time.perf_counter() - t0:.0f}s)")
 
     def statistic(rows: list[int]) -> np.ndarray:
-        kept = kept_columns(model, population[rows], **prune)
+        kept = kept_columns(model, population[rows], pruning)
         return (torch.cat([kept[n].to(torch.float64) for n in names]) @ x.T).numpy()
 
     def labels(sets) -> np.ndarray:
@@ -261,7 +249,8 @@ def membership_shared_audit(
         "population": n_rows, "samples": samples, "seqlen": int(population.shape[1]), "shadows": shadows,
         "clients": clients, "shadow_sets": shadow_sets, "client_sets": client_sets, "designated": designated,
         "designated_member": member.tolist(), "observed_layers": len(names), "observed_columns": int(x.shape[1]),
-        "method": method, "group": group, "sparsity": sparsity, "seed": seed, "confidence": confidence,
+        "method": pruning.method, "group": pruning.group, "sparsity": pruning.sparsity, "seed": seed,
+        "confidence": confidence,
         "fprs": list(fprs), "shadow_statistics": stats_of["shadow"].tolist(),
         "client_statistics": stats_of["client"].tolist(), "scores": scores.tolist(),
         "client_labels": client_labels.tolist(),
@@ -275,6 +264,6 @@ def membership_shared_audit(
                                           seed)
     else:  # every coin fell the same way: no designated member (or non-member) to score
         result["attack"] = None
-    if method_options:
-        result["method_options"] = dict(method_options)
+    if pruning.options:
+        result["method_options"] = dict(pruning.options)
     return result

@@ -5,11 +5,12 @@ against the published global mask bits, for several m: how leakage falls with th
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from fedlib.client import Pruning
 from fedlib.privacy.bits import flat_mask
 from fedlib.privacy.stages.membership import attack_summary, shadow_pairs
 from fedlib.privacy.stages.recompute import client_masks
@@ -25,16 +26,10 @@ def secagg_membership_audit(
     cohorts: Sequence[int],
     pool: int,
     draws: int = 2,
-    method: str = "wanda",
-    sparsity: float = 0.5,
-    group: str = "row",
+    pruning: Pruning = Pruning(),
     server_group: str = "layer",
-    seed: int = 0,
     fprs: Sequence[float] = (0.01, 0.001),
     confidence: float = 0.95,
-    batch_size: int = 8,
-    method_options: Mapping | None = None,
-    placement=None,
 ) -> dict:
     """LiRA on the sum of m client masks and on the global mask of that sum, per m in ``cohorts``.
 
@@ -65,14 +60,14 @@ def secagg_membership_audit(
         raise ValueError("need pairs >= 2, 1 <= targets < population rows and enough non-target rows")
     n_dir = pairs // 2
     n_fit = pairs - n_dir
+    sparsity, seed = pruning.sparsity, pruning.seed
     rng = np.random.default_rng([seed, 0x5EC4])
     names: list[str] = []
     shapes: dict[str, torch.Size] = {}
     t0 = time.perf_counter()
 
     def mask_of(rows) -> torch.Tensor:
-        masks = client_masks(model, population[list(rows)], method, sparsity, group, seed, blocks, batch_size,
-                             method_options, placement=placement)
+        masks = client_masks(model, population[list(rows)], pruning, blocks)
         if not names:
             names.extend(masks)
             shapes.update({n: m.shape for n, m in masks.items()})
@@ -126,11 +121,11 @@ def secagg_membership_audit(
         "analysis": "secagg", "model_fingerprint": fingerprint(model), "population": int(P), "targets": targets,
         "samples": samples, "pairs": pairs, "direction_pairs": n_dir, "fit_pairs": n_fit, "draws": draws,
         "pool": pool, "blocks": blocks, "seqlen": int(population.shape[1]), "observed_layers": len(names),
-        "observed_bits": int(sum(sizes)), "method": method, "group": group, "server_group": server_group,
+        "observed_bits": int(sum(sizes)), "method": pruning.method, "group": pruning.group, "server_group": server_group,
         "sparsity": sparsity, "seed": seed, "confidence": confidence, "fprs": list(fprs), "cohorts": [],
     }
-    if method_options:
-        result["method_options"] = dict(method_options)
+    if pruning.options:
+        result["method_options"] = dict(pruning.options)
     for m in cohorts:
         entry = {"m": m}
         for v in views:

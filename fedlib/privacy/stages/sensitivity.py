@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import torch
 
+from fedlib.client import Pruning
 from fedlib.privacy.bits import layer_type
 from fedlib.privacy.stages.recompute import client_masks
 
@@ -17,19 +18,14 @@ def sensitivity_audit(
     input_ids: torch.Tensor,
     replacements: torch.Tensor,
     neighbours: int,
-    method: str = "wanda",
-    sparsity: float = 0.5,
-    group: str = "row",
-    seed: int = 0,
+    pruning: Pruning = Pruning(),
     blocks: int | None = None,
-    batch_size: int = 8,
     base_masks: Mapping[str, torch.Tensor] | None = None,
-    method_options: Mapping | None = None,
-    placement=None,
 ) -> dict:
     """Masks of D (``input_ids``) and of ``neighbours`` data sets D'_j that differ from D in
     exactly one sample (row j mod n of D replaced by ``replacements[j]``): per neighbour, the
-    number and fraction of differing mask bits, overall and per layer type. ``base_masks``:
+    number and fraction of differing mask bits, overall and per layer type; masks as ``pruning``
+    says. ``base_masks``:
     D's masks if already known (the client's shared mask file), else computed here."""
     from fedlib.models import fingerprint
 
@@ -38,8 +34,7 @@ def sensitivity_audit(
         raise ValueError(f"{neighbours} neighbours need as many replacement samples, got {replacements.shape[0]}")
     if replacements.shape[1] != input_ids.shape[1]:
         raise ValueError("replacement samples must have the calibration samples' length")
-    base = base_masks if base_masks is not None else client_masks(
-        model, input_ids, method, sparsity, group, seed, blocks, batch_size, method_options, placement=placement)
+    base = base_masks if base_masks is not None else client_masks(model, input_ids, pruning, blocks)
     names = list(base)
     sizes: dict[str, int] = {}
     for name in names:
@@ -48,8 +43,7 @@ def sensitivity_audit(
     for j in range(neighbours):
         ids = input_ids.clone()
         ids[j % n] = replacements[j]
-        masks = client_masks(model, ids, method, sparsity, group, seed, blocks, batch_size, method_options,
-                             placement=placement)
+        masks = client_masks(model, ids, pruning, blocks)
         diff: dict[str, int] = {}
         for name in names:
             t = layer_type(name)
@@ -61,8 +55,8 @@ def sensitivity_audit(
         "analysis": "sensitivity", "model_fingerprint": fingerprint(model),
         "n_samples": int(n), "seqlen": int(input_ids.shape[1]), "neighbours": rows,
         "blocks": blocks, "n_layers": len(names), "type_sizes": sizes, "total_entries": total,
-        "method": method, "group": group, "sparsity": sparsity, "seed": seed,
+        "method": pruning.method, "group": pruning.group, "sparsity": pruning.sparsity, "seed": pruning.seed,
     }
-    if method_options:
-        result["method_options"] = dict(method_options)
+    if pruning.options:
+        result["method_options"] = dict(pruning.options)
     return result

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fedlib.client import Pruning
 from fedlib.privacy.bits import layer_type, open_mask_files, packed_bits, popcount
 from fedlib.privacy.stages.recompute import client_masks
 
@@ -41,27 +42,21 @@ def similarity_audit(
     mask_paths: Sequence[Path],
     seed_windows: Sequence[torch.Tensor] = (),
     seed_values: Sequence[int] = (),
-    method: str = "wanda",
-    sparsity: float = 0.5,
-    group: str = "row",
-    seed: int = 0,
-    batch_size: int = 8,
-    method_options: Mapping | None = None,
-    placement=None,
+    pruning: Pruning = Pruning(),
 ) -> dict:
     """Hamming distances between every pair of the given client mask files, and (optional)
     between whole-model masks computed here from independently seeded calibration draws
-    ``seed_windows`` (one token tensor per seed)."""
-    from fedlib.models import fingerprint, prunable_layers
+    ``seed_windows`` (one token tensor per seed) as ``pruning`` says."""
+    from fedlib.models import ModelHandle
 
-    layers = prunable_layers(model)
-    fp = fingerprint(model)
+    handle = ModelHandle.of(model)
+    layers, fp = handle.layers(), handle.fingerprint()
     names = [info.name for info in layers]
     sizes = _type_sizes(layers)
     out = {"analysis": "similarity", "model_fingerprint": fp, "type_sizes": sizes,
            "total_entries": sum(sizes.values())}
     if mask_paths:
-        with open_mask_files(mask_paths, fp, layers) as (files, packed):
+        with open_mask_files(mask_paths, handle) as (files, packed):
             readers = [lambda name, i=i: packed(i, name) for i in range(len(files))]
             pairs = _pairwise(readers, names)
             h = files[0].header
@@ -75,15 +70,14 @@ def similarity_audit(
         t0 = time.perf_counter()
         sets = []
         for value, ids in zip(seed_values, seed_windows):
-            masks = client_masks(model, ids, method, sparsity, group, seed, None, batch_size, method_options,
-                                 placement=placement)
+            masks = client_masks(model, ids, pruning)
             sets.append({n: packed_bits(masks[n]) for n in names})
             print(f"similarity: mask for calibration seed {value} ({tuple(ids.shape)})")
         pairs = _pairwise([lambda name, s=s: s[name] for s in sets], names)
         out["seeds"] = {"seeds": list(seed_values), "n_samples": int(seed_windows[0].shape[0]),
-                        "seqlen": int(seed_windows[0].shape[1]), "method": method, "group": group,
-                        "sparsity": sparsity, "pairs": pairs}
+                        "seqlen": int(seed_windows[0].shape[1]), "method": pruning.method, "group": pruning.group,
+                        "sparsity": pruning.sparsity, "pairs": pairs}
         print(f"similarity: {len(sets)} seeded masks and their pairs in {time.perf_counter() - t0:.1f}s")
-        if method_options:
-            out["seeds"]["method_options"] = dict(method_options)
+        if pruning.options:
+            out["seeds"]["method_options"] = dict(pruning.options)
     return out
