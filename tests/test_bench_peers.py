@@ -3,7 +3,6 @@ README renderer; the bench itself needs .venv-peers (llmcompressor), which CI do
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 from pathlib import Path
