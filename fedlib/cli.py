@@ -108,6 +108,8 @@ def cmd_client_data(args) -> None:
 
 
 def cmd_client_mask(args) -> None:
+    import torch
+
     from fedlib.client import prune_locally
     from fedlib.data import load_tokens
     from fedlib.maskcode import MagnitudeReference
@@ -117,8 +119,8 @@ def cmd_client_mask(args) -> None:
     start = time.perf_counter()
     handle, placement = open_placed(args)
     ids = None
-    if args.calib:
-        ids, _ = load_tokens(Path(args.calib))
+    if args.calib:  # several files: calibrate on their union (a public + private mix)
+        ids = torch.cat([load_tokens(Path(path))[0] for path in args.calib])
     options = json.loads(args.method_options) if args.method_options else None
     layers = handle.layers()
     if args.round is not None:
@@ -129,6 +131,7 @@ def cmd_client_mask(args) -> None:
         raise ValueError("--global-masks and --scale belong to a round of iterative FedPrLLM (give --round)")
     method, extra = args.method, {"method_options": json.dumps(options or {}), "dtype": args.dtype}
     target = dp_target_from_args(args)
+    public_prior = None  # a normalised DP client's mechanism (fedlib.privacy.dp_public)
     if target is not None and target.enabled:
         from fedlib.privacy.dp import dp_method, fresh_noise_seed
 
@@ -136,7 +139,15 @@ def cmd_client_mask(args) -> None:
             raise ValueError("--dp-epsilon: DP masks are one-shot Wanda without method options (no --round: "
                              "composition over rounds is not accounted)")
         noise_seed = fresh_noise_seed() if args.dp_noise_seed is None else args.dp_noise_seed
-        method, guarantee = dp_method(args.method, target, [info.name for info in layers], noise_seed)
+        if hasattr(target, "client_masks"):
+            if args.method != "wanda":
+                raise ValueError(f"DP masks are implemented for method 'wanda', not {args.method!r}")
+            if target.shared:
+                raise ValueError("--dp-mechanism distributed is the federation's secure sum, not one client's mask "
+                                 "(fedlib privacy dp-federation simulates it)")
+            public_prior, guarantee = target, target.guarantee([info.name for info in layers])
+        else:
+            method, guarantee = dp_method(args.method, target, [info.name for info in layers], noise_seed)
         extra["dp"] = guarantee.header()
         print(f"DP: {guarantee.header()}")
     with MaskWriter(
@@ -147,7 +158,11 @@ def cmd_client_mask(args) -> None:
         reference=MagnitudeReference.of_model(handle) if args.format_version == 2 else None,
     ) as writer:
         opened = time.perf_counter()
-        if args.round is None:
+        if public_prior is not None:
+            public_prior.client_masks(handle, ids, args.sparsity, args.group, args.seed, noise_seed=noise_seed,
+                                      batch_size=args.batch_size, placement=placement,
+                                      sink=lambda _b, decision: [writer.add(n, m) for n, m in decision.masks.items()])
+        elif args.round is None:
             # masks go to the file block by block: a 7B client never holds all of them
             prune_locally(handle, ids, method, args.sparsity, args.group, args.seed,
                           batch_size=args.batch_size, method_options=options, placement=placement, keep=False,
@@ -161,17 +176,31 @@ def cmd_client_mask(args) -> None:
 
 
 def dp_target_from_args(args):
-    """``--dp-epsilon/--dp-delta/--dp-clip`` as a :class:`fedlib.privacy.dp.DPTarget`, or None
-    without ``--dp-epsilon`` (``inf`` = the plain mechanism, recorded as no DP)."""
+    """``--dp-*`` as a :class:`fedlib.privacy.dp.DPTarget` (the Gaussian mechanism) or a
+    :class:`fedlib.privacy.dp_public.PublicDP` (``--dp-mechanism normalised|distributed``), or None
+    without ``--dp-epsilon`` (``inf`` = the plain Gaussian path, recorded as no DP)."""
+    prior_options = {"--dp-public": args.dp_public, "--dp-basis": args.dp_basis, "--dp-clients": args.dp_clients}
     if args.dp_epsilon is None:
-        if args.dp_delta is not None or args.dp_clip is not None or getattr(args, "dp_noise_seed", None) is not None:
-            raise ValueError("--dp-delta, --dp-clip and --dp-noise-seed need --dp-epsilon")
+        if (args.dp_delta is not None or args.dp_clip is not None or getattr(args, "dp_noise_seed", None) is not None
+                or args.dp_mechanism != "gaussian" or any(v is not None for v in prior_options.values())):
+            raise ValueError("--dp-delta, --dp-clip, --dp-noise-seed, --dp-mechanism and its options need --dp-epsilon")
         return None
-    from fedlib.privacy.dp import DPTarget
-
     if args.dp_delta is None or args.dp_clip is None:
         raise ValueError("--dp-epsilon needs --dp-delta and --dp-clip")
-    return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip)
+    if args.dp_mechanism == "gaussian":
+        given = [flag for flag, value in prior_options.items() if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: options of --dp-mechanism normalised or distributed")
+        from fedlib.privacy.dp import DPTarget
+
+        return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip)
+    from fedlib.data import load_tokens
+    from fedlib.privacy.dp_public import public_dp
+
+    if args.dp_public is None:
+        raise ValueError(f"--dp-mechanism {args.dp_mechanism} needs --dp-public (the public text's token file)")
+    return public_dp(args.dp_mechanism, args.dp_epsilon, args.dp_delta, args.dp_clip, args.dp_basis or 0,
+                     args.dp_clients, load_tokens(Path(args.dp_public))[0])
 
 
 def add_dp_arguments(p, noise_seed: bool = True) -> None:
@@ -181,7 +210,20 @@ def add_dp_arguments(p, noise_seed: bool = True) -> None:
                         "calibrated to this epsilon over all blocks (PLD accountant); inf = no DP. Wanda only")
     p.add_argument("--dp-delta", type=float, help="the DP delta (with --dp-epsilon), e.g. 1e-5")
     p.add_argument("--dp-clip", type=float,
-                   help="L2 bound on one sample's per-channel squared-norm vector (with --dp-epsilon)")
+                   help="L2 bound on one sample's per-channel squared-norm vector (with --dp-epsilon); normalised and "
+                        "distributed: on its deviation from the public text's, as a multiple of the public samples' "
+                        "own (rms) deviation")
+    p.add_argument("--dp-mechanism", default="gaussian", choices=["gaussian", "normalised", "distributed"],
+                   help="gaussian: raw statistics, clamped (fedlib.privacy.dp); normalised: deviations from the public "
+                        "text's statistics through the public mask's prefix, shrunk toward them (degrades to the public "
+                        "mask; fedlib.privacy.dp_public); distributed: their secure sum over --dp-clients clients "
+                        "(audits only: fedlib privacy dp-federation simulates a federation)")
+    p.add_argument("--dp-public", help="normalised/distributed: the public text (token file) the statistics are "
+                                       "normalised by and the public mask is computed on")
+    p.add_argument("--dp-basis", type=int, help="normalised/distributed: release the deviations in the public text's "
+                                                "K leading token directions instead of every channel (default: every "
+                                                "channel)")
+    p.add_argument("--dp-clients", type=int, help="distributed: the clients that each add 1/sqrt(K) of the noise")
     if noise_seed:
         p.add_argument("--dp-noise-seed", type=int,
                        help="the DP noise's seed: a secret, never written to the mask file (whoever knows it can "
@@ -574,7 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("client-mask", cmd_client_mask, "compute this client's pruning mask file on its private data")
     p.add_argument("--model", required=True)
-    p.add_argument("--calib", help="token file of this client's calibration samples")
+    p.add_argument("--calib", nargs="+", help="token file(s) of this client's calibration samples (several: their "
+                                                "union, e.g. public + private text)")
     p.add_argument("--method", default="wanda")
     p.add_argument("--sparsity", type=float, default=0.5)
     p.add_argument("--group", default="row", help="local comparison group: layer, row, column or N:M")

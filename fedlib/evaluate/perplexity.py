@@ -62,15 +62,22 @@ def perplexities(
 
 
 def _score(windows: torch.Tensor, logits_batches, batch_size: int) -> dict:
+    """Perplexity over all windows, and each window's mean NLL (``window_nll``, in window order:
+    paired comparisons of two models on the same windows)."""
     total_nll = 0.0
     total_tokens = 0
+    per_window = []
     for batch, logits in zip(windows.long().split(batch_size, dim=0), logits_batches):
         labels = batch[:, 1:].reshape(-1).to(device=logits.device)
-        nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels, reduction="sum")
+        flat = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
+        nll = F.cross_entropy(flat, labels, reduction="sum")
         total_nll += float(nll)
         total_tokens += labels.numel()
+        per_token = F.cross_entropy(flat, labels, reduction="none").reshape(batch.shape[0], -1)
+        per_window += per_token.double().mean(dim=1).tolist()
     mean = total_nll / total_tokens
-    return {"ppl": math.exp(mean), "nll": mean, "tokens": total_tokens, "windows": int(windows.shape[0])}
+    return {"ppl": math.exp(mean), "nll": mean, "tokens": total_tokens, "windows": int(windows.shape[0]),
+            "window_nll": per_window}
 
 
 def perplexity(model: nn.Module | ModelHandle, windows: torch.Tensor, batch_size: int = 1, *,

@@ -224,7 +224,9 @@ def membership_audit(
     }
     if method_options:
         result["method_options"] = dict(method_options)
-    if dp is not None and dp.enabled:
+    if dp is not None and hasattr(dp, "client_masks"):  # fedlib.privacy.dp_public.PublicDP
+        result["dp"] = json.loads(dp.guarantee(names).header())
+    elif dp is not None and dp.enabled:
         from fedlib.privacy.dp import dp_method
 
         result["dp"] = json.loads(dp_method(method, dp, names, 0)[1].header())
