@@ -30,13 +30,14 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 from functools import lru_cache
 
 import numpy as np
 import torch
 
-from fedlib.privacy.dp import NEIGHBOURS, count_releases
-from fedlib.privacy.dp_public import NORMALISED_FIELDS, SIGNED_SENSITIVITY, Deviations
+from fedlib.privacy.dp import count_releases
+from fedlib.privacy.dp_public import NORMALISED_FIELDS, Deviations, NormalisedGuarantee
 
 DISTRIBUTED = "distributed"
 ACCOUNTANT = "rdp-ddg"
@@ -124,24 +125,16 @@ def calibrate_distributed_sigma(epsilon: float, delta: float, releases: int, cli
 
 
 @dataclass(frozen=True)
-class DistributedGuarantee:
+class DistributedGuarantee(NormalisedGuarantee):
     """What the server's mask from the secure sum proves, against the server: (epsilon,
     delta)-DP w.r.t. replacing one sample of any client, ``clients`` clients each adding its
     share of ``releases`` discrete Gaussian releases of multiplier ``sigma``."""
 
-    epsilon: float
-    delta: float
-    clip: float
-    basis: int
-    sigma: float
-    releases: int
-    public: str
-    clients: int
+    clients: int = 1
     grid: int = GRID
     mechanism: str = DISTRIBUTED
-    sensitivity: float = SIGNED_SENSITIVITY
     accountant: str = ACCOUNTANT
-    neighbours: str = NEIGHBOURS
+    FIELDS: ClassVar[tuple[str, ...]] = DISTRIBUTED_FIELDS
 
     def client_std(self, dim: int) -> float:
         """One client's noise share, in grid steps."""
@@ -150,9 +143,6 @@ class DistributedGuarantee:
     def noise_std(self, bound: float, dim: int) -> float:
         """The std of the summed noise per coordinate, in the statistic's units."""
         return self.sigma * sensitivity_steps(self.grid, dim) * bound / self.grid
-
-    def header(self) -> str:
-        return json.dumps({k: getattr(self, k) for k in DISTRIBUTED_FIELDS}, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -182,7 +172,7 @@ class DistributedTarget:
         releases = count_releases(layer_names)
         sigma = calibrate_distributed_sigma(float(self.epsilon), float(self.delta), releases, self.clients, self.grid)
         return DistributedGuarantee(float(self.epsilon), float(self.delta), float(self.clip), int(self.basis), sigma,
-                                    releases, public, int(self.clients), int(self.grid))
+                                    releases, public, clients=int(self.clients), grid=int(self.grid))
 
 
 def _rng(seed: int, *names: object) -> np.random.Generator:

@@ -46,6 +46,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -284,13 +285,15 @@ class NormalisedGuarantee:
     sensitivity: float = SIGNED_SENSITIVITY
     accountant: str = ACCOUNTANT
     neighbours: str = NEIGHBOURS
+    #: the ``x_dp`` fields, in the writer's order
+    FIELDS: ClassVar[tuple[str, ...]] = NORMALISED_FIELDS
 
     def noise_std(self, bound: float) -> float:
         """The noise's std for a release clipped to ``bound`` (0 without noise, whatever the bound)."""
         return self.sigma * self.sensitivity * bound if self.sigma > 0 else 0.0
 
     def header(self) -> str:
-        return json.dumps({k: getattr(self, k) for k in NORMALISED_FIELDS}, separators=(",", ":"))
+        return json.dumps({k: getattr(self, k) for k in self.FIELDS}, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
