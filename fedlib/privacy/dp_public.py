@@ -31,7 +31,10 @@ is then m_j = p_j max(1 + w d, 0) (in a basis, 1 + B^T (w d)); the clamp only ma
 noise is far larger than tau. Without noise (w = 1, no clip) m is the private mean energy
 exactly; with huge noise w d -> 0 and m = p: the public mask, bit for bit. With a basis the noise
 in each channel falls by sqrt(d/k) on average (B^T spreads k noisy coordinates over d channels),
-at the price of the part of the deviation outside the basis.
+at the price of the part of the deviation outside the basis; and where the weight is large, B^T
+spreads the deviation it keeps over every channel its directions mix (a domain's deviation sits in
+few channels, which no public basis predicts on SmolLM2), so a basis only pays where the noise
+keeps the weight small.
 
 Accounting: ``releases`` Gaussian mechanisms of noise multiplier sigma (std / sensitivity), PLD
 as in :mod:`fedlib.privacy.dp`; the public text and the public mask are constants. The distributed
