@@ -319,9 +319,9 @@ def _check_domain(cfg: dict, workdir: Path, problems: _Problems) -> None:
             for key, span in valid.items():
                 if span[1] > count:
                     problems.add(key, span, f"a range within the {count} documents of {c4}")
-    extra = sorted(set(map(float, d["dp_sparsities"])) - set(map(float, d["sparsities"])))
+    extra = sorted(set(map(float, d["detail_sparsities"])) - set(map(float, d["sparsities"])))
     if extra:
-        problems.add("domain.dp_sparsities", d["dp_sparsities"], f"a subset of domain.sparsities = {d['sparsities']}",
+        problems.add("domain.detail_sparsities", d["detail_sparsities"], f"a subset of domain.sparsities = {d['sparsities']}",
                      f"{extra} would have DP rows without the rows they are compared with")
     m = d["membership"]
     largest = d["samples"] * (d["clients"] if "distributed" in d["mechanisms"] else 1)

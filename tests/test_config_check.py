@@ -476,7 +476,7 @@ def test_privacy_dp_epsilons_are_distinct_and_finite():
      "C4 documents 20–24 would be both public and the control clients' private text"),
     ("domain.public_docs", [30, 20], "[start, stop) with start < stop", None),
     ("domain.control_docs", [25, 70], "a range within the 60 documents of", None),
-    ("domain.dp_sparsities", [0.7], "a subset of domain.sparsities = [0.5]", None),
+    ("domain.detail_sparsities", [0.7], "a subset of domain.sparsities = [0.5]", None),
     ("domain.membership.population", 4, "more than 4 (the largest audited data set", None),
 ])
 def test_domain_texts_and_sizes(key, value, allowed, why):

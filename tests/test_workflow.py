@@ -412,7 +412,7 @@ def test_domain_target_runs(tmp_path):
     jobs = planned_jobs(snakemake(tmp_path, "domain", "--configfile", "config.yaml", "-n"))
     # 2 seeds in-domain + 1 control setting; 3 mechanisms x 1 ε; 2 clients
     assert jobs["domain_dp"] == 3 and jobs["domain_membership"] == 3 and jobs["domain_dp_fedprllm"] == 2 * 3
-    assert jobs["domain_eval"] == 2 * (5 + 3) + (3 + 3)
+    assert jobs["domain_eval"] == 2 * (5 + 3) + (1 + 3)
     snakemake(tmp_path, "domain", "--configfile", "config.yaml")
     base = tmp_path / "results" / "domain"
     client = json.loads(read_header(base / "private/s0/sp0.5/dp/lowdim-8/client_1.mask.safetensors").extra["dp"])
@@ -430,7 +430,7 @@ def test_domain_target_runs(tmp_path):
         assert title in titles
     dp_rows = [r for r in body if r[cell["Row"]].startswith("DP ")]
     assert len(dp_rows) == 3 + 3 and all(r[cell["audit ≤ proven"]] == "yes" and r[cell["ε"]] == "8" for r in dp_rows)
-    assert sum(r[cell["Clients' text"]].startswith("C4") for r in body) == 3 + 3
+    assert sum(r[cell["Clients' text"]].startswith("C4") for r in body) == 2 + 3
     md = (tmp_path / "reports" / "domain.md").read_text()
     assert "Worse than public-only beyond the interval" in md and "Audited ε ≤ proven ε" in md
     assert (tmp_path / "reports" / "domain.png").stat().st_size > 0

@@ -16,7 +16,7 @@ from fedlib.catalog.tables import Catalog
 DEFAULTS = {
     "private": "ptb", "public": "c4", "public_docs": [0, 400], "control_docs": [400, 800],
     "clients": 4, "samples": 8, "public_samples": 32,
-    "sparsities": [0.5, 0.6, 0.7], "dp_sparsities": [0.7], "seeds": [0, 1, 2],
+    "sparsities": [0.5, 0.6, 0.7], "detail_sparsities": [0.7], "seeds": [0, 1, 2],
     "epsilons": [1, 4, 8, 64], "delta": 1e-5, "clip": 2.0, "basis": 16,
     "mechanisms": ["normalised", "lowdim", "distributed"],
     "control": {"sparsities": [0.7], "seeds": [0]},
@@ -174,18 +174,20 @@ class DomainCatalog:
             return [(float(sp), int(s)) for sp in c["sparsities"] for s in c["seeds"]]
         return [(float(sp), int(s)) for sp in self.d["sparsities"] for s in self.d["seeds"]]
 
-    def has_dp(self, kind: str, sparsity: float) -> bool:
-        """Whether a setting has the DP rows (the control always; in-domain: dp_sparsities)."""
-        return kind == "control" or float(sparsity) in {float(x) for x in self.d["dp_sparsities"]}
+    def detailed(self, kind: str, sparsity: float) -> bool:
+        """Whether a setting has every row: Local-only, the mix and the DP rows beside public,
+        Centralized and FedPrLLM (the control: FedPrLLM and the DP rows; in-domain: at
+        ``detail_sparsities``)."""
+        return kind == "control" or float(sparsity) in {float(x) for x in self.d["detail_sparsities"]}
 
     def row_masks(self, kind: str, sparsity: float, seed: int) -> dict[str, str]:
         """Row key -> the mask it evaluates, in table order."""
         rows = {"public": self.public_mask(sparsity, seed)}
-        for which in ("central", "client_0", "fedprllm", "mix"):
-            if kind == "control" and which in ("client_0", "mix"):
-                continue
-            rows[which] = self.mask(kind, sparsity, seed, which)
-        if self.has_dp(kind, sparsity):
+        detailed = self.detailed(kind, sparsity)
+        wanted = {"private": ("central", "client_0", "fedprllm", "mix") if detailed else ("central", "fedprllm"),
+                  "control": ("fedprllm",)}[kind]
+        rows.update({which: self.mask(kind, sparsity, seed, which) for which in wanted})
+        if detailed:
             rows.update({label: self.dp_mask(kind, sparsity, seed, label) for label in self.labels()})
         return rows
 
@@ -193,7 +195,7 @@ class DomainCatalog:
         d = self.d
         evals = {kind: [{"sparsity": sp, "seed": seed,
                          "rows": {row: self.eval_json(mask) for row, mask in self.row_masks(kind, sp, seed).items()},
-                         "record": f"{self.dp_dir(kind, sp, seed)}/pass.json" if self.has_dp(kind, sp) else None}
+                         "record": f"{self.dp_dir(kind, sp, seed)}/pass.json" if self.detailed(kind, sp) else None}
                         for sp, seed in self.grid(kind)] for kind in KINDS}
         return {
             "out_dir": self.catalog.reports,
