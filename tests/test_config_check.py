@@ -286,8 +286,12 @@ def test_c4_document_ranges(key, value, allowed):
 
 
 def test_c4_ranges_without_c4_evaluation_may_be_anything_ordered():
+    # the domain study's C4 guard is a C4 evaluation too: without held-out documents it goes
     check(config_with(("evaluation.datasets", ["wikitext2"]), ("calibration.c4_docs", None),
-                      ("evaluation.c4_docs", None)))
+                      ("evaluation.c4_docs", None), ("domain.evaluation.guards", ["wikitext2"])))
+    assert_refused(config_with(("evaluation.datasets", ["wikitext2"]), ("calibration.c4_docs", None),
+                               ("evaluation.c4_docs", None)), "evaluation.c4_docs", None,
+                   "a range of held-out C4 documents (domain.evaluation.guards has c4)")
 
 
 # -- the model -----------------------------------------------------------------------------------------

@@ -177,7 +177,8 @@ def _header(spec, summaries, dense, worse, checks, audits) -> list[str]:
         f"Clients: {spec['clients']} × {spec['samples']} windows of {title} train; public text: C4.",
         f"Negative control: the clients hold C4 documents {spec['control_docs'][0]}–{spec['control_docs'][1] - 1} "
         "instead (the public text's distribution): DP must land at public-only.",
-        f"Evaluation: {title} test, all {win['windows']} windows × {win['seqlen']} tokens (in-domain); guards with "
+        f"Evaluation: {title} test, {'all ' if win['windows'] == win['total_windows'] else ''}{win['windows']} of "
+        f"{win['total_windows']} windows × {win['seqlen']} tokens (in-domain); guards with "
         f"fewer windows ({guards}, evenly spaced). Weights and activations in "
         f"{spec['evaluation']['dtype']} (masks computed in float32; the Dense rows show what that dtype changes).",
         "Every mask is Wanda with row comparison; FedPrLLM aggregates with layer comparison. Δ: paired against "
