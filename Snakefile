@@ -48,6 +48,7 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/zeroshot.smk"
 include: "workflow/rules/studies.smk"
 include: "workflow/rules/privacy.smk"
+include: "workflow/rules/domain.smk"
 include: "workflow/rules/cost.smk"
 
 

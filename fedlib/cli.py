@@ -106,7 +106,11 @@ def cmd_client_mask(args) -> None:
 
     start = time.perf_counter()
     handle, placement = open_placed(args)
-    ids = load_tokens(Path(args.calib))[0] if args.calib else None
+    ids = None
+    if args.calib:  # several files: calibrate on their union (a public + private mix)
+        import torch
+
+        ids = torch.cat([load_tokens(Path(path))[0] for path in args.calib])
     opened = time.perf_counter()
     blocks = write_client_mask(
         handle, ids, Path(args.out), pruning_from_args(args, placement), client_id=args.client_id,
@@ -447,7 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("client-mask", cmd_client_mask, "compute this client's pruning mask file on its private data")
     p.add_argument("--model", required=True)
-    p.add_argument("--calib", help="token file of this client's calibration samples")
+    p.add_argument("--calib", nargs="+", help="token file(s) of this client's calibration samples (several: their "
+                                                "union, e.g. public + private text)")
     p.add_argument("--method", default="wanda")
     p.add_argument("--sparsity", type=float, default=0.5)
     p.add_argument("--group", default="row", help="local comparison group: layer, row, column or N:M")

@@ -39,7 +39,20 @@ def add_dp_arguments(p, noise_seed: bool = True) -> None:
                         "calibrated to this epsilon over all blocks (PLD accountant); inf = no DP. Wanda only")
     p.add_argument("--dp-delta", type=float, help="the DP delta (with --dp-epsilon), e.g. 1e-5")
     p.add_argument("--dp-clip", type=float,
-                   help="L2 bound on one sample's per-channel squared-norm vector (with --dp-epsilon)")
+                   help="L2 bound on one sample's per-channel squared-norm vector (with --dp-epsilon); normalised and "
+                        "distributed: on its deviation from the public text's, as a multiple of the public samples' "
+                        "own (rms) deviation")
+    p.add_argument("--dp-mechanism", default="gaussian", choices=["gaussian", "normalised", "distributed"],
+                   help="gaussian: raw statistics, clamped (fedlib.privacy.dp); normalised: deviations from the public "
+                        "text's statistics through the public mask's prefix, shrunk toward them (degrades to the public "
+                        "mask; fedlib.privacy.dp_public); distributed: their secure sum over --dp-clients clients "
+                        "(audits only: fedlib privacy dp-federation simulates a federation)")
+    p.add_argument("--dp-public", help="normalised/distributed: the public text (token file) the statistics are "
+                                       "normalised by and the public mask is computed on")
+    p.add_argument("--dp-basis", type=int, help="normalised/distributed: release the deviations in the public text's "
+                                                "K leading token directions instead of every channel (default: every "
+                                                "channel)")
+    p.add_argument("--dp-clients", type=int, help="distributed: the clients that each add 1/sqrt(K) of the noise")
     if noise_seed:
         p.add_argument("--dp-noise-seed", type=int,
                        help="the DP noise's seed: a secret, never written to the mask file (whoever knows it can "
@@ -47,14 +60,28 @@ def add_dp_arguments(p, noise_seed: bool = True) -> None:
 
 
 def dp_target_from_args(args):
-    """``--dp-epsilon/--dp-delta/--dp-clip`` as a :class:`fedlib.privacy.dp.DPTarget`, or None
-    without ``--dp-epsilon`` (``inf`` = the plain mechanism, recorded as no DP)."""
+    """``--dp-*`` as a :class:`fedlib.privacy.dp.DPTarget` (the Gaussian mechanism) or a
+    :class:`fedlib.privacy.dp_public.PublicDP` (``--dp-mechanism normalised|distributed``), or None
+    without ``--dp-epsilon`` (``inf`` = the plain Gaussian path, recorded as no DP)."""
+    prior_options = {"--dp-public": args.dp_public, "--dp-basis": args.dp_basis, "--dp-clients": args.dp_clients}
     if args.dp_epsilon is None:
-        if args.dp_delta is not None or args.dp_clip is not None or getattr(args, "dp_noise_seed", None) is not None:
-            raise ValueError("--dp-delta, --dp-clip and --dp-noise-seed need --dp-epsilon")
+        if (args.dp_delta is not None or args.dp_clip is not None or getattr(args, "dp_noise_seed", None) is not None
+                or args.dp_mechanism != "gaussian" or any(v is not None for v in prior_options.values())):
+            raise ValueError("--dp-delta, --dp-clip, --dp-noise-seed, --dp-mechanism and its options need --dp-epsilon")
         return None
-    from fedlib.privacy.dp import DPTarget
-
     if args.dp_delta is None or args.dp_clip is None:
         raise ValueError("--dp-epsilon needs --dp-delta and --dp-clip")
-    return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip)
+    if args.dp_mechanism == "gaussian":
+        given = [flag for flag, value in prior_options.items() if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: options of --dp-mechanism normalised or distributed")
+        from fedlib.privacy.dp import DPTarget
+
+        return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip)
+    from fedlib.data import load_tokens
+    from fedlib.privacy.dp_public import public_dp
+
+    if args.dp_public is None:
+        raise ValueError(f"--dp-mechanism {args.dp_mechanism} needs --dp-public (the public text's token file)")
+    return public_dp(args.dp_mechanism, args.dp_epsilon, args.dp_delta, args.dp_clip, args.dp_basis or 0,
+                     args.dp_clients, load_tokens(Path(args.dp_public))[0])

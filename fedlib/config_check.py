@@ -79,6 +79,7 @@ def validate_config(config: Mapping, workdir: Path) -> None:
     if model is not None:
         _check_model_sizes(cfg, model, problems)
     _check_privacy(cfg, problems)
+    _check_domain(cfg, workdir, problems)
     if problems:
         raise ConfigError(f"invalid configuration, {len(problems)} problem(s); nothing was run:\n"
                           + "\n".join(f"  - {p}" for p in problems))
@@ -284,6 +285,63 @@ def _check_c4_ranges(cfg: dict, ranges: dict, c4: Path, problems: _Problems) -> 
     if len(valid) == 2 and calib[0] < held_out[1] and held_out[0] < calib[1]:
         problems.add("evaluation.c4_docs", held_out, f"documents disjoint from calibration.c4_docs = {_show(calib)}",
                      "held-out documents: an overlap leaks calibration text into the evaluation")
+
+
+def _overlap(a, b) -> tuple[int, int] | None:
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return (lo, hi) if lo < hi else None
+
+
+def _check_domain(cfg: dict, workdir: Path, problems: _Problems) -> None:
+    """The domain study's texts (target domain): the public text and the control clients' C4 text are
+    disjoint ranges of C4 documents, and neither is an evaluation set (offline, C4 evaluation is
+    evaluation.c4_docs of the same file; the other evaluation sets are test splits, which no
+    calibration draws from). The membership game needs a population larger than a data set."""
+    from fedlib.catalog.domain import settings
+
+    d = settings(cfg)
+    ranges = {"domain.public_docs": d["public_docs"], "domain.control_docs": d["control_docs"]}
+    valid = {}
+    for key, span in ranges.items():
+        if not span[0] < span[1]:
+            problems.add(key, span, "[start, stop) with start < stop")
+        else:
+            valid[key] = span
+    evaluation = cfg["evaluation"].get("c4_docs")
+    uses_c4_eval = "c4" in d["evaluation"]["guards"] or d["private"] == "c4"
+    if cfg["data_dir"] is not None and uses_c4_eval and evaluation is None:
+        problems.add("evaluation.c4_docs", evaluation, "a range of held-out C4 documents (domain.evaluation.guards has "
+                     "c4)", "null evaluates on every document, the public text's included")
+    for key, span in valid.items():
+        if evaluation is not None and cfg["data_dir"] is not None and (shared := _overlap(span, evaluation)):
+            problems.add(key, span, f"C4 documents disjoint from evaluation.c4_docs = {_show(evaluation)}",
+                         f"C4 documents {shared[0]}–{shared[1] - 1} are the C4 evaluation documents")
+    if len(valid) == 2 and (shared := _overlap(*valid.values())):
+        problems.add("domain.control_docs", d["control_docs"],
+                     f"C4 documents disjoint from domain.public_docs = {_show(d['public_docs'])}",
+                     f"C4 documents {shared[0]}–{shared[1] - 1} would be both public and the control clients' private text")
+    if cfg["data_dir"] is not None:
+        c4 = mirror_path(workdir / cfg["data_dir"], "c4", "train")
+        if c4.is_file():
+            with c4.open("rb") as handle:
+                count = sum(1 for _ in handle)
+            for key, span in valid.items():
+                if span[1] > count:
+                    problems.add(key, span, f"a range within the {count} documents of {c4}")
+    extra = sorted(set(map(float, d["detail_sparsities"])) - set(map(float, d["sparsities"])))
+    if extra:
+        problems.add("domain.detail_sparsities", d["detail_sparsities"], f"a subset of domain.sparsities = {d['sparsities']}",
+                     f"{extra} would have DP rows without the rows they are compared with")
+    m = d["membership"]
+    largest = d["samples"] * (d["clients"] if "distributed" in d["mechanisms"] else 1)
+    if m["targets"] > m["population"]:
+        problems.add("domain.membership.targets", m["targets"], f"at most domain.membership.population = "
+                     f"{m['population']}", "the targets are the population's first rows")
+    if largest >= m["population"]:
+        problems.add("domain.membership.population", m["population"], f"more than {largest} (the largest audited "
+                     "data set: domain.samples, times domain.clients for the distributed mechanism)")
+    if "distributed" in d["mechanisms"] and d["clients"] < 2:
+        problems.add("domain.clients", d["clients"], "at least 2 (the distributed mechanism splits the noise over them)")
 
 
 # -- the model -----------------------------------------------------------------------------------

@@ -454,24 +454,44 @@ def _layers(text: str) -> list[dict]:
 
 
 def _dp_guarantee(value):
-    """A DP client's ``x_dp`` (:class:`fedlib.privacy.dp.DPGuarantee`): exactly its fields in
-    order, each of its type and range (``releases`` is checked against the layers later)."""
-    from fedlib.privacy.dp import ACCOUNTANT, GUARANTEE_FIELDS, NEIGHBOURS
+    """A DP client's ``x_dp``: exactly the fields of its mechanism in order (the Gaussian one of
+    :class:`fedlib.privacy.dp.DPGuarantee` names none; :mod:`fedlib.privacy.dp_public` and
+    :mod:`fedlib.privacy.dp_distributed` name theirs), each of its type and range (``releases``
+    and the accounting are checked against the layers later)."""
+    from fedlib.privacy import dp, dp_distributed, dp_public
 
-    if not isinstance(value, dict) or tuple(value) != GUARANTEE_FIELDS:
-        keys = list(value) if isinstance(value, dict) else value
-        raise ValueError(f"expected a JSON object with exactly the keys {list(GUARANTEE_FIELDS)} in that order, "
-                         f"got {_show(keys)}")
+    mechanism = value.get("mechanism") if isinstance(value, dict) else None
+    fields = {None: dp.GUARANTEE_FIELDS, dp_public.NORMALISED: dp_public.NORMALISED_FIELDS,
+              dp_distributed.DISTRIBUTED: dp_distributed.DISTRIBUTED_FIELDS}.get(mechanism)
+    if fields is None:
+        raise ValueError(f"mechanism: expected {dp_public.NORMALISED!r} or {dp_distributed.DISTRIBUTED!r} (or none: "
+                         f"the Gaussian mechanism), got {_show(mechanism)}")
+    if tuple(value) != fields:
+        raise ValueError(f"expected a JSON object with exactly the keys {list(fields)} in that order, "
+                         f"got {_show(list(value))}")
     positive = (lambda v: type(v) is float and 0 < v, "a positive finite float")
+    count = (lambda v: type(v) is int and 1 <= v <= MAX_DIMENSION, f"an integer in 1..{MAX_DIMENSION}")
+    accountant = dp_distributed.ACCOUNTANT if mechanism == dp_distributed.DISTRIBUTED else dp.ACCOUNTANT
     checks = {  # key -> (check, what is expected)
         "epsilon": positive,
         "delta": (lambda v: type(v) is float and 0 < v < 1, "a float in (0, 1)"),
         "clip": positive,
         "sigma": positive,
-        "accountant": (lambda v: v == ACCOUNTANT, repr(ACCOUNTANT)),
-        "neighbours": (lambda v: v == NEIGHBOURS, repr(NEIGHBOURS)),
-        "releases": (lambda v: type(v) is int and 1 <= v <= MAX_DIMENSION, f"an integer in 1..{MAX_DIMENSION}"),
+        "accountant": (lambda v: v == accountant, repr(accountant)),
+        "neighbours": (lambda v: v == dp.NEIGHBOURS, repr(dp.NEIGHBOURS)),
+        "releases": count,
     }
+    if mechanism is not None:
+        checks.update({
+            "basis": (lambda v: type(v) is int and 0 <= v <= MAX_DIMENSION, f"an integer in 0..{MAX_DIMENSION}"),
+            # a signed (centred) statistic moves by up to 2 clip when one sample is replaced
+            "sensitivity": (lambda v: v == dp_public.SIGNED_SENSITIVITY,
+                            f"{dp_public.SIGNED_SENSITIVITY} (x clip: the statistic is signed)"),
+            "public": (lambda v: isinstance(v, str) and re.fullmatch(r"\d+x\d+:sha256:[0-9a-f]{64}", v) is not None,
+                       "<windows>x<tokens>:sha256:<64 hex digits> (the public text)"),
+        })
+    if mechanism == dp_distributed.DISTRIBUTED:
+        checks.update({"clients": count, "grid": count})
     for key, (check, expected) in checks.items():
         if not check(value[key]):
             raise ValueError(f"{key}: expected {expected}, got {_show(value[key])}")
@@ -656,6 +676,7 @@ def _check_method(header: MaskHeader) -> None:
                                                 f"the file claims {header.allocation!r}")
     if "dp" in header.extra:
         from fedlib.privacy.dp import count_releases, gaussian_delta
+        from fedlib.privacy.dp_distributed import DISTRIBUTED, rdp_epsilon
 
         if header.method != "wanda" or json.loads(header.extra.get("method_options", "{}")):
             raise MaskFileError(path, "x_dp", f"DP masks are plain Wanda's, the file's method is {header.method!r} "
@@ -664,7 +685,13 @@ def _check_method(header: MaskHeader) -> None:
         if dp["releases"] != releases:
             raise MaskFileError(path, "x_dp", f"releases: the file's layers read {releases} distinct inputs, "
                                               f"the guarantee claims {dp['releases']}")
-        if gaussian_delta(dp["epsilon"], dp["sigma"], releases) > dp["delta"] * (1 + 1e-9):
+        if dp.get("mechanism") == DISTRIBUTED:
+            proven = rdp_epsilon(dp["sigma"], releases, dp["delta"], dp["clients"], dp["grid"])
+            if proven > dp["epsilon"] * (1 + 1e-9):
+                raise MaskFileError(path, "x_dp", f"sigma {dp['sigma']} over {releases} releases of {dp['clients']} "
+                                                  f"clients' discrete Gaussian sum is ({proven}, {dp['delta']})-DP by "
+                                                  f"RDP, not the claimed epsilon {dp['epsilon']}")
+        elif gaussian_delta(dp["epsilon"], dp["sigma"], releases) > dp["delta"] * (1 + 1e-9):
             raise MaskFileError(path, "x_dp", f"sigma {dp['sigma']} over {releases} releases is not "
                                               f"({dp['epsilon']}, {dp['delta']})-DP (exact Gaussian composition)")
     if header.role == "client" and header.allocation == "nonuniform" and header.group not in GROUPS:

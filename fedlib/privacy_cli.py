@@ -13,6 +13,7 @@ The arguments import nothing heavy: the handlers import their stage
     fedlib privacy inversion    --model M --texts T16.safetensors ... --out X.json
     fedlib privacy inversion-client --model M --mask CLIENT.mask.safetensors --shard S.safetensors --prior NAME=P.safetensors ... --out X.json
     fedlib privacy rr-aggregate --model M --epsilon E --group layer --out G.mask.safetensors --record X.json MASKS...
+    fedlib privacy dp-federation --model M --public P.safetensors --clients C0 C1 ... --releases JSON --noise-seed S --out-dir D --record X.json
     fedlib privacy report       --spec JSON
     fedlib privacy scale-report --spec JSON
     fedlib privacy shared-report --spec JSON
@@ -236,6 +237,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                      f"(fedlib.catalog.privacy.PrivacyCatalog.report_spec; "
                                                      f"fedlib.privacy.audit_report.{writer})")
 
+    p = sub.add_parser("dp-federation", help="a simulated DP federation: every client's normalised DP mask and the "
+                       "distributed mechanism's, per release, from one pass (fedlib.privacy.stages.dp_federation)")
+    p.add_argument("--model", required=True)
+    _pruning_args(p)
+    p.add_argument("--public", required=True, help="token file of the public text")
+    p.add_argument("--clients", nargs="+", required=True, help="one token file per client")
+    p.add_argument("--releases", required=True, help='JSON list of {"label", "mechanism" (normalised or distributed), '
+                                                     '"epsilon", "delta", "clip", "basis"}')
+    p.add_argument("--noise-seed", type=int, required=True,
+                   help="the simulation's stand-in for the clients' secret noise seeds (each derived from it)")
+    p.add_argument("--out-dir", required=True, help="writes <label>/client_<i>.mask.safetensors or "
+                                                    "<label>/secagg.mask.safetensors")
+    p.add_argument("--record", required=True, help="JSON: the guarantees, files and the pass's time")
+
+    p = sub.add_parser("domain-report", help="the domain-shift study: private in-domain vs public text, DP rows, "
+                       "paired intervals (fedlib.studies.domain)")
+    p.add_argument("--spec", required=True, help="JSON: the study's files (fedlib.catalog.domain.DomainCatalog.spec)")
+
 
 # --------------------------------------------------------------------------- handlers
 
@@ -355,6 +374,20 @@ def _cmd_membership(args) -> None:
     _write_json(args.out, result)
 
 
+def _cmd_dp_federation(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.privacy.stages.dp_federation import simulate
+
+    if args.method != "wanda" or args.method_options:
+        raise ValueError(f"DP masks are plain Wanda's, not {args.method!r} with options {args.method_options}")
+    model, pruning = _open(args)
+    public, _ = load_tokens(Path(args.public))
+    clients = [load_tokens(Path(p))[0] for p in args.clients]
+    record = simulate(model, public, clients, json.loads(args.releases), Path(args.out_dir), pruning, args.noise_seed)
+    _write_json(args.record, record)
+    print(f"wrote {len(record['releases'])} releases in {record['seconds']:.1f}s")
+
+
 def _cmd_membership_shared(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.membership_shared import membership_shared_audit
@@ -468,6 +501,13 @@ def _cmd_rr_aggregate(args) -> None:
          f"{record['global_hamming_vs_clean']:.4%} of the weights")
 
 
+def _cmd_domain_report(args) -> None:
+    from fedlib.studies.domain import domain_table
+
+    for path in domain_table(json.loads(args.spec)):
+        print(f"wrote {path}")
+
+
 def _cmd_report_tables(args) -> None:
     from fedlib.privacy import audit_report
 
@@ -479,7 +519,8 @@ COMMANDS = {
     "entropy": _cmd_entropy, "similarity": _cmd_similarity, "sensitivity": _cmd_sensitivity,
     "membership": _cmd_membership, "membership-shared": _cmd_membership_shared, "secagg": _cmd_secagg,
     "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
-    "attribute": _cmd_attribute, "inversion-client": _cmd_inversion_client,
+    "attribute": _cmd_attribute, "inversion-client": _cmd_inversion_client, "dp-federation": _cmd_dp_federation,
+    "domain-report": _cmd_domain_report,
     **{verb: _cmd_report_tables for verb in REPORTS},
 }
 

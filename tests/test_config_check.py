@@ -333,8 +333,12 @@ def test_c4_document_ranges(key, value, allowed):
 
 
 def test_c4_ranges_without_c4_evaluation_may_be_anything_ordered():
+    # the domain study's C4 guard is a C4 evaluation too: without held-out documents it goes
     check(config_with(("evaluation.datasets", ["wikitext2"]), ("calibration.c4_docs", None),
-                      ("evaluation.c4_docs", None)))
+                      ("evaluation.c4_docs", None), ("domain.evaluation.guards", ["wikitext2"])))
+    assert_refused(config_with(("evaluation.datasets", ["wikitext2"]), ("calibration.c4_docs", None),
+                               ("evaluation.c4_docs", None)), "evaluation.c4_docs", None,
+                   "a range of held-out C4 documents (domain.evaluation.guards has c4)")
 
 
 # -- the model -----------------------------------------------------------------------------------------
@@ -512,3 +516,22 @@ def test_privacy_dp_epsilons_are_distinct_and_finite():
     assert_refused(config_with(("privacy.dp.epsilons", [8, 8])), "privacy.dp.epsilons", [8, 8], "distinct finite ε")
     with pytest.raises(WorkflowError):
         check(config_with(("privacy.dp.delta", 1.5)))
+
+
+# -- the domain study ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key, value, allowed, why", [
+    ("domain.public_docs", [40, 55], "C4 documents disjoint from evaluation.c4_docs = [50, 60]",
+     "C4 documents 50–54 are the C4 evaluation documents"),
+    ("domain.control_docs", [20, 30], "C4 documents disjoint from domain.public_docs = [0, 25]",
+     "C4 documents 20–24 would be both public and the control clients' private text"),
+    ("domain.public_docs", [30, 20], "[start, stop) with start < stop", None),
+    ("domain.control_docs", [25, 70], "a range within the 60 documents of", None),
+    ("domain.detail_sparsities", [0.7], "a subset of domain.sparsities = [0.5]", None),
+    ("domain.membership.population", 4, "more than 4 (the largest audited data set", None),
+])
+def test_domain_texts_and_sizes(key, value, allowed, why):
+    """The public text is never an evaluation set (the message names the overlap), nor the
+    control clients' text; the audit's population exceeds the largest data set it audits."""
+    assert_refused(config_with((key, value)), key, value, allowed, why=why)

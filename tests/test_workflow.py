@@ -2,6 +2,7 @@
 run, real run, no-op rerun, and that only the stages a change affects rerun."""
 
 import csv
+import json
 import os
 import re
 import shutil
@@ -437,3 +438,38 @@ def test_dp_target_runs(privacy_targets):
     assert [r[2] for r in body if r[0].startswith("Wanda on public text")] == ["0"]
     assert any(r[0].startswith("Randomized response") for r in body)
     assert (privacy_targets / "reports" / "privacy_dp_utility.png").stat().st_size > 0
+
+
+def test_domain_target_runs(tmp_path):
+    """domain: in-domain (PTB) clients against public C4 text, every row paired against public-only;
+    the DP rows' files carry their guarantees, the audit stays below the proven ε, and the public
+    text and the control clients' text are C4 documents apart from the evaluation's."""
+    from fedlib.data import load_tokens
+    from fedlib.maskfile import read_header
+
+    copy_test_dir(tmp_path)
+    jobs = planned_jobs(snakemake(tmp_path, "domain", "--configfile", "config.yaml", "-n"))
+    # 2 seeds in-domain + 1 control setting; 3 mechanisms x 1 ε; 2 clients
+    assert jobs["domain_dp"] == 3 and jobs["domain_membership"] == 3 and jobs["domain_dp_fedprllm"] == 2 * 3
+    assert jobs["domain_eval"] == 2 * (5 + 3) + (1 + 3)
+    snakemake(tmp_path, "domain", "--configfile", "config.yaml")
+    base = tmp_path / "results" / "domain"
+    client = json.loads(read_header(base / "private/s0/sp0.5/dp/lowdim-8/client_1.mask.safetensors").extra["dp"])
+    assert client["mechanism"] == "normalised" and client["basis"] == 4 and client["sensitivity"] == 2.0
+    secagg = read_header(base / "private/s0/sp0.5/dp/distributed-8/secagg.mask.safetensors")
+    assert secagg.n_samples == 4 and json.loads(secagg.extra["dp"])["clients"] == 2
+    assert load_tokens(base / "pools/public-s1.safetensors")[1]["docs"] == [0, 25]
+    rows = list(csv.reader((tmp_path / "reports" / "domain.csv").open()))
+    header, body = rows[0], rows[1:]
+    cell = {name: header.index(name) for name in ("Clients' text", "Row", "ε", "audit ≤ proven")}
+    titles = [r[cell["Row"]] for r in body]
+    assert titles[:2] == ["Dense (bfloat16)", "Dense (float32)"]
+    for title in ("Public text only (ε = 0)", "Centralized in-domain (ceiling)", "Local-only (client 0 of each seed)",
+                  "FedPrLLM layer", "Public + private mix (Wanda on both)", "DP distributed (SecAgg sum, every channel)"):
+        assert title in titles
+    dp_rows = [r for r in body if r[cell["Row"]].startswith("DP ")]
+    assert len(dp_rows) == 3 + 3 and all(r[cell["audit ≤ proven"]] == "yes" and r[cell["ε"]] == "8" for r in dp_rows)
+    assert sum(r[cell["Clients' text"]].startswith("C4") for r in body) == 2 + 3
+    md = (tmp_path / "reports" / "domain.md").read_text()
+    assert "Worse than public-only beyond the interval" in md and "Audited ε ≤ proven ε" in md
+    assert (tmp_path / "reports" / "domain.png").stat().st_size > 0

@@ -451,6 +451,19 @@ def mask_compression(data: dict) -> str:
     return "\n".join(lines)
 
 
+def domain(rows: list[list[str]]) -> str:
+    """The domain-shift study (reports/domain.csv): every row without the guard columns, and the
+    report's own verdict lines (its Markdown header)."""
+    md = (REPO / "reports/domain.md").read_text().splitlines()
+    provenance = [line.removeprefix("- ") for line in md if line.startswith("- Model:")]
+    verdicts = [line for line in md if line.startswith(("- At ", "- Goal", "- Worse", "- Audited"))]
+    keep = [i for i, name in enumerate(rows[0]) if not name.endswith(" ppl") or name.startswith("PTB")]
+    out = [f"From `reports/domain.csv` (guard columns: see the file): " + "; ".join(provenance), ""]
+    out += ["| " + " | ".join(rows[0][i] for i in keep) + " |", "|" + "---|" * len(keep)]
+    out += ["| " + " | ".join(row[i] for i in keep) + " |" for row in rows[1:]]
+    return "\n".join(out + [""] + verdicts)
+
+
 def _load(path: Path):
     if path.suffix == ".json":
         return json.loads(path.read_text())
@@ -482,6 +495,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
         *((table.replace("_", "-"), f"reports/{table}.csv") for analysis in TARGETS for table in analysis.tables),
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
+    "domain": (REPO / "reports/domain.csv", domain),
 }
 
 

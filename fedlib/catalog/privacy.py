@@ -215,6 +215,12 @@ class PrivacyCatalog:
         private data."""
         return max(self.dp_clients(size, fed) * n for fed, n in self.dp_federations(size).items())
 
+    def dp_public_text(self, size: str) -> str:
+        """The ε = 0 row's public text: its own draw (seed + 1) of windows from the calibration
+        documents, which are disjoint from the evaluation documents (the config check)."""
+        seed = int(self.catalog.config["seed"]) + 1
+        return f"{self.results}/privacy/public/{self._calib.dataset}-public-{self.dp_public_windows(size)}-s{seed}.safetensors"
+
     def dp_public_mask(self, size: str) -> str:
         return f"{self.base}/{size}/dp/public/0/global.mask.safetensors"
 
@@ -241,7 +247,7 @@ class PrivacyCatalog:
                                               for eps in self.dp_settings(size)}}
                                 for fed, n in self.dp_federations(size).items()],
                 "public": {"mask": self.dp_public_mask(size), "eval": self.dp_eval(size, "public", 0),
-                           "text": self.heldout_text(self.dp_public_windows(size))},
+                           "text": self.dp_public_text(size)},
                 "randomized_response": {"records": defence["records"], "evals": defence["evals"],
                                         "clients": self._split.clients},
                 "dense_eval": defence["dense_eval"],

@@ -1044,7 +1044,7 @@ def dp_utility_table(spec: dict) -> list[Path]:
                          f"{dp['epsilon']:g}" if dp else "∞", f"{dp['sigma']:.4g}" if dp else "0",
                          fmt_ppl(value), f"{value / plain:.3g}×"])
         curves.append((f"{fed['clients']} clients × {fed['samples']} samples", points))
-    rows.append([f"Wanda on public text only ({public_header.n_samples} windows of the held-out text)",
+    rows.append([f"Wanda on public text only ({public_header.n_samples} windows, calibration documents)",
                  "no private data", "0", "-", fmt_ppl(ppl(public)), "-"])
     rr = u["randomized_response"]
     rr_points = []
@@ -1063,9 +1063,10 @@ def dp_utility_table(spec: dict) -> list[Path]:
         "block's releases).",
         "The noise is the same per statistic whatever the data set's size, while the clipped signal grows with "
         "the number of samples: larger clients lose less at the same ε.",
-        "ε = 0 baseline: the server prunes with Wanda on public text alone (the calibration dataset's held-out "
-        "documents, as many windows as the largest federation's private data). A DP mechanism is worth its noise "
-        "only where it beats this row.",
+        "ε = 0 baseline: the server prunes with Wanda on public text alone (a draw of its own from the calibration "
+        "documents, disjoint from the evaluation documents, which may share documents with the clients' draws; as "
+        "many windows as the largest federation's private data). A DP mechanism is worth its noise only where it "
+        "beats this row.",
         "Randomized response flips each uploaded mask bit (privacy_defence, the setting's clients): its per-bit ε "
         "composes to the ε shown over a client's whole mask, the only sample-level guarantee it gives.",
         f"Perplexity: {DATASET_TITLES.get(ds, ds)}, {win['windows']} of {win['total_windows']} windows × "

@@ -32,6 +32,10 @@ sensitivity) is calibrated to the target (epsilon, delta) by the accountant itse
 (:func:`dp_accounting.calibrate_dp_mechanism`, a bracketed root search); the privacy of a
 Gaussian mechanism depends only on std / Delta, so the accountant's unit-sensitivity Gaussian
 event with multiplier sigma is exact for any neighbour relation of sensitivity Delta.
+
+Mechanisms that keep public text as the prior and degrade to its mask instead of destroying it
+(normalised statistics, shrinkage, a distributed sum under SecAgg): :mod:`fedlib.privacy.dp_public`
+and :mod:`fedlib.privacy.dp_distributed`.
 """
 
 from __future__ import annotations

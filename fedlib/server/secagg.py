@@ -68,9 +68,12 @@ def modulus_bits(n_clients: int) -> int:
 
 
 def _word_dtype(bits: int) -> np.dtype:
-    if bits > 16:
-        raise SecAggError(f"{bits}-bit words: more than 65,535 clients are not supported")
-    return np.dtype(np.uint8) if bits <= 8 else np.dtype(np.uint16)
+    """The smallest unsigned word that holds ``bits`` bits: vote counts (up to 16 bits) or
+    fixed-point statistics (:mod:`fedlib.privacy.dp_distributed`, 64 bits)."""
+    for dtype in (np.uint8, np.uint16, np.uint32, np.uint64):
+        if bits <= 8 * np.dtype(dtype).itemsize:
+            return np.dtype(dtype)
+    raise SecAggError(f"{bits}-bit words: at most 64 bits are supported")
 
 
 def keystream_words(key: bytes, label: str, numel: int, bits: int) -> np.ndarray:
@@ -194,12 +197,14 @@ class SecAggClient:
     _pair_keys: dict[int, bytes] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def create(cls, index: int, n_clients: int, rng: "_Randomness | None" = None) -> "SecAggClient":
+    def create(cls, index: int, n_clients: int, rng: "_Randomness | None" = None,
+               bits: int | None = None) -> "SecAggClient":
         """Fresh secrets for one round (a new client for every round: nothing is reused), from
-        ``rng`` (a seeded simulation) or the OS."""
+        ``rng`` (a seeded simulation) or the OS; ``bits``: the word size (default: vote counts')."""
         rng = rng or _Randomness(None)
         return cls(index, X25519PrivateKey.from_private_bytes(rng.bytes(32)), rng.bytes(32),
-                   modulus_bits(n_clients), X25519PrivateKey.from_private_bytes(rng.bytes(32)))
+                   modulus_bits(n_clients) if bits is None else int(bits),
+                   X25519PrivateKey.from_private_bytes(rng.bytes(32)))
 
     @property
     def public_key(self) -> bytes:
@@ -271,13 +276,20 @@ class SecAggClient:
         flat = mask.detach().cpu().reshape(-1).numpy()
         if flat.dtype != np.bool_:
             raise SecAggError(f"layer {name}: a mask must be boolean, got {flat.dtype}")
+        return self.masked_words(name, flat.astype(_word_dtype(self.bits)))
+
+    def masked_words(self, name: str, words: np.ndarray) -> np.ndarray:
+        """y_i for vector ``name``: any k-bit words (a mask's 0/1, fixed-point statistics) plus
+        the self mask and the signed pair masks, modulo 2^k."""
         dtype = _word_dtype(self.bits)
-        y = flat.astype(dtype)
-        y += keystream_words(self.self_seed, f"self:{name}", flat.size, self.bits)
+        if words.dtype != dtype or words.ndim != 1:
+            raise SecAggError(f"{name}: expected a flat vector of {dtype} words, got {words.dtype} {words.shape}")
+        y = words.copy()
+        y += keystream_words(self.self_seed, f"self:{name}", y.size, self.bits)
         for j in sorted(self.public_keys):
             if j == self.index:
                 continue
-            g = keystream_words(self._pair(j), f"pair:{name}", flat.size, self.bits)
+            g = keystream_words(self._pair(j), f"pair:{name}", y.size, self.bits)
             if _pair_sign(self.index, j) > 0:
                 y += g
             else:
@@ -346,7 +358,16 @@ class SecAggServer:
 
     def unmask(self, name: str, uploads: Mapping[int, np.ndarray],
                reveals: Mapping[int, Mapping[int, tuple[str, tuple[int, int]]]]) -> torch.Tensor:
-        """sum_i M_i over the clients in ``uploads`` (the survivors), as int16 counts.
+        """sum_i M_i over the clients in ``uploads`` (the survivors), as int16 counts."""
+        counts = self.unmask_words(name, uploads, reveals)
+        if int(counts.max(initial=0)) > len(uploads):
+            raise SecAggError(f"layer {name}: unmasked counts exceed the {len(uploads)} survivors "
+                              "(an upload or a share is corrupt)")
+        return torch.from_numpy(counts.astype(np.int16))
+
+    def unmask_words(self, name: str, uploads: Mapping[int, np.ndarray],
+                     reveals: Mapping[int, Mapping[int, tuple[str, tuple[int, int]]]]) -> np.ndarray:
+        """The sum modulo 2^k of the survivors' words (``uploads``: their masked uploads).
 
         ``reveals[j]`` is survivor j's :meth:`SecAggClient.reveal` (at least t survivors). The survivors' self masks
         and the pair masks between survivors and dropped clients are rebuilt from t shares each
@@ -382,11 +403,7 @@ class SecAggServer:
                     total -= g
                 else:
                     total += g
-        counts = _reduce(total, self.bits)
-        if int(counts.max(initial=0)) > len(survivors):
-            raise SecAggError(f"layer {name}: unmasked counts exceed the {len(survivors)} survivors "
-                              "(an upload or a share is corrupt)")
-        return torch.from_numpy(counts.astype(np.int16))
+        return _reduce(total, self.bits)
 
     def _combine(self, name: str, reveals, owner: int, kind: str) -> bytes:
         shares = [share for r in reveals.values() if owner in r for k, share in [r[owner]] if k == kind]
@@ -396,20 +413,22 @@ class SecAggServer:
         return shamir_combine(shares[: self.threshold])
 
 
-def setup_round(n_clients: int, threshold: int | None = None, seed: int | None = 0
+def setup_round(n_clients: int, threshold: int | None = None, seed: int | None = 0, bits: int | None = None
                 ) -> tuple[list[SecAggClient], SecAggServer]:
     """Key advertisement and share distribution of one round: n clients with X25519 keys and
     self-mask seeds, every secret Shamir-shared t-of-n (default t = floor(n/2) + 1, the honest
     majority SecAgg assumes) and encrypted to its holder, and the server holding only the public
-    keys and relaying ciphertexts (here in one process; over the network: flower/)."""
+    keys and relaying ciphertexts (here in one process; over the network: flower/). ``bits``: the
+    word size (default: the smallest that counts n votes, :func:`modulus_bits`)."""
+    bits = modulus_bits(n_clients) if bits is None else int(bits)
     threshold = default_threshold(n_clients) if threshold is None else int(threshold)
     rng = _Randomness(seed)
-    clients = [SecAggClient.create(i, n_clients, rng) for i in range(n_clients)]
+    clients = [SecAggClient.create(i, n_clients, rng, bits) for i in range(n_clients)]
     advertised = {c.index: c.advertise() for c in clients}
     outboxes = {c.index: c.share_secrets(advertised, threshold, rng) for c in clients}
     for c in clients:
         c.receive_shares({sender: box[c.index] for sender, box in outboxes.items()})
-    return clients, SecAggServer(n_clients, threshold, modulus_bits(n_clients),
+    return clients, SecAggServer(n_clients, threshold, bits,
                                  {j: masking for j, (_, masking) in advertised.items()})
 
 

@@ -330,7 +330,7 @@ rule privacy_dp_public:
     DP federation's private data), the baseline a DP mechanism has to beat."""
     input:
         model=MODEL_READY,
-        calib=lambda wc: PRIVACY.heldout_text(PRIVACY.dp_public_windows(wc.size)),
+        calib=lambda wc: PRIVACY.dp_public_text(wc.size),
     output:
         f"{PRIV_BASE}/{{size}}/dp/public/0/global.mask.safetensors",
     log:
@@ -528,9 +528,37 @@ rule privacy_attribute_game:
         "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
+rule privacy_public_text:
+    """Public text for privacy_dp's ε = 0 row: a draw of its own (seed + 1) from the calibration
+    documents, never the evaluation documents."""
+    input:
+        model=MODEL_READY,
+    output:
+        f"{RESULTS}/privacy/public/{{dataset}}-public-{{windows}}-s{{seed}}.safetensors",
+    log:
+        f"{LOGS}/privacy/public_text-{{dataset}}-{{windows}}-s{{seed}}.log",
+    benchmark:
+        f"{BENCH}/privacy/public_text-{{dataset}}-{{windows}}-s{{seed}}.tsv"
+    wildcard_constraints:
+        windows=r"\d+",
+        seed=r"\d+",
+    localrule: True
+    conda:
+        "../../envs/fedlib.yaml"
+    params:
+        model=model_folder,
+        data_dir=data_dir_arg(),
+        seqlen=config["calibration"]["seqlen"],
+        docs=span_arg("--docs", config["calibration"].get("c4_docs")),
+    shell:
+        "python -m fedlib calibration-pool --model {params.model} --data-dir {params.data_dir} "
+        "--dataset {wildcards.dataset} --nsamples {wildcards.windows} --seqlen {params.seqlen} "
+        "--seed {wildcards.seed} {params.docs} --out {output} > {log} 2>&1"
+
+
 rule privacy_heldout_text:
     """Windows (evenly spaced, or all) of the calibration dataset's held-out evaluation text: public
-    in-domain text (an inversion prior; the DP table's public calibration)."""
+    in-domain text (an inversion prior)."""
     input:
         model=MODEL_READY,
     output:

@@ -221,7 +221,9 @@ def membership_audit(
     }
     if pruning.options:
         result["method_options"] = dict(pruning.options)
-    if dp is not None and dp.enabled:
+    if dp is not None and hasattr(dp, "client_masks"):  # fedlib.privacy.dp_public.PublicDP
+        result["dp"] = json.loads(dp.guarantee(names).header())
+    elif dp is not None and dp.enabled:
         from fedlib.privacy.dp import dp_method
 
         result["dp"] = json.loads(dp_method(pruning.method, dp, names, 0)[1].header())

@@ -1,0 +1,223 @@
+"""The domain-shift study's sizes, files and report spec (target ``domain``; issue 29): when does
+a federation's private in-domain text beat public text, and what does DP keep of that?
+
+The clients hold in-domain text the public text lacks (``domain.private``: PTB train), the server
+public text (``domain.public``: C4 documents ``public_docs``). Every row is evaluated on the whole
+in-domain test split and on a few windows of two guards. A negative control gives the clients
+C4 text (documents ``control_docs``) instead. Results under {results}/domain/, the table in
+{reports}/domain.{md,csv,png}.
+"""
+
+from __future__ import annotations
+
+from fedlib.catalog.privacy import eps_name
+from fedlib.catalog.tables import Catalog
+
+DEFAULTS = {
+    "private": "ptb", "public": "c4", "public_docs": [0, 400], "control_docs": [400, 800],
+    "clients": 4, "samples": 8, "public_samples": 32,
+    "sparsities": [0.5, 0.6, 0.7], "detail_sparsities": [0.7], "seeds": [0, 1, 2],
+    "epsilons": [1, 4, 8, 64], "delta": 1e-5, "clip": 2.0, "basis": 16,
+    "mechanisms": ["normalised", "lowdim", "distributed"],
+    "control": {"sparsities": [0.7], "seeds": [0]},
+    "evaluation": {"dtype": "bfloat16", "windows": None, "guards": ["c4", "wikitext2"], "guard_windows": 8},
+    "membership": {"targets": 32, "pairs": 4, "blocks": 1, "seqlen": 64, "population": 128},
+}
+#: the study's DP mechanisms: (x_dp mechanism, whether it releases in the public basis). The
+#: distributed sum is released per channel: with its low noise the shrinkage weight is large, and
+#: a large correction in the public token basis smears a domain's deviation over the channels the
+#: basis mixes (in a trial at 70 % it made the mask worse than public text at ε = 8 and 64).
+MECHANISMS = {"normalised": ("normalised", False), "lowdim": ("normalised", True),
+              "distributed": ("distributed", False)}
+MECHANISM_TITLES = {"normalised": "DP normalised (per client, every channel)",
+                    "lowdim": "DP normalised, public basis (per client)",
+                    "distributed": "DP distributed (SecAgg sum, every channel)"}
+KINDS = ("private", "control")
+
+
+def settings(config) -> dict:
+    given = dict(config.get("domain") or {})
+    merged = {**DEFAULTS, **given}
+    for key in ("control", "evaluation", "membership"):
+        merged[key] = {**DEFAULTS[key], **(given.get(key) or {})}
+    return merged
+
+
+class DomainCatalog:
+    """Files, CLI arguments and the report spec of the study (module docstring)."""
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+        self.config = catalog.config
+        self.d = settings(self.config)
+        self.base = f"{catalog.results}/domain"
+        self.seqlen = int(self.config["calibration"]["seqlen"])
+
+    # -- data ------------------------------------------------------------------------------------
+
+    def pool(self, role: str, seed) -> str:
+        """A token file of role ``private`` (the clients' in-domain pool), ``control`` (their C4
+        pool), ``public`` (the server's text) or ``population`` (the membership game's)."""
+        return f"{self.base}/pools/{role}-s{seed}.safetensors"
+
+    def pool_args(self, role: str, seed) -> str:
+        d = self.d
+        if role == "population":
+            m = d["membership"]
+            return f"--dataset {d['private']} --nsamples {m['population']} --seqlen {m['seqlen']} --seed {seed}"
+        if role == "public_membership":
+            m = d["membership"]
+            return (f"--dataset {d['public']} --nsamples {d['public_samples']} --seqlen {m['seqlen']} --seed {seed} "
+                    f"--docs {d['public_docs'][0]} {d['public_docs'][1]}")
+        dataset = {"private": d["private"], "control": "c4", "public": d["public"]}[role]
+        n = d["public_samples"] if role == "public" else d["clients"] * d["samples"]
+        docs = {"control": d["control_docs"], "public": d["public_docs"]}.get(role)
+        docs_arg = f" --docs {docs[0]} {docs[1]}" if docs and dataset == "c4" else ""
+        return f"--dataset {dataset} --nsamples {n} --seqlen {self.seqlen} --seed {seed}{docs_arg}"
+
+    def shard(self, kind: str, seed, client: int) -> str:
+        return f"{self.base}/{kind}/s{seed}/shards/client_{client}.safetensors"
+
+    def eval_windows(self, dataset: str) -> str:
+        return f"{self.base}/eval_windows/{dataset}.safetensors"
+
+    def eval_window_args(self, dataset: str) -> str:
+        """The in-domain test split (whole by default); a guard's evenly spaced windows (C4: the
+        evaluation documents)."""
+        ev = self.d["evaluation"]
+        if dataset == self.d["private"]:
+            return f"--windows {ev['windows']}" if ev["windows"] else ""
+        args = f"--windows {ev['guard_windows']}"
+        c4 = self.config["evaluation"].get("c4_docs")
+        return f"{args} --c4-docs {c4[0]} {c4[1]}" if dataset == "c4" and c4 else args
+
+    def eval_datasets(self) -> list[str]:
+        return [self.d["private"], *self.d["evaluation"]["guards"]]
+
+    # -- masks -----------------------------------------------------------------------------------
+
+    def setting(self, kind: str, sparsity, seed) -> str:
+        return f"{self.base}/{kind}/s{seed}/sp{sparsity:g}"
+
+    def public_mask(self, sparsity, seed) -> str:
+        return f"{self.base}/public/s{seed}/sp{float(sparsity):g}/public.mask.safetensors"
+
+    def mask(self, kind: str, sparsity, seed, which: str) -> str:
+        """``central``, ``mix``, ``client_<i>`` or ``fedprllm`` of a setting."""
+        return f"{self.setting(kind, float(sparsity), seed)}/{which}.mask.safetensors"
+
+    def labels(self) -> list[str]:
+        return [f"{m}-{eps_name(e)}" for m in self.d["mechanisms"] for e in self.d["epsilons"]]
+
+    def releases(self) -> list[dict]:
+        """The dp-federation's releases: one per mechanism and ε."""
+        d, out = self.d, []
+        for m in d["mechanisms"]:
+            mechanism, in_basis = MECHANISMS[m]
+            for e in d["epsilons"]:
+                out.append({"label": f"{m}-{eps_name(e)}", "mechanism": mechanism, "epsilon": float(e),
+                            "delta": float(d["delta"]), "clip": float(d["clip"]),
+                            "basis": int(d["basis"]) if in_basis else 0})
+        return out
+
+    def dp_dir(self, kind: str, sparsity, seed) -> str:
+        return f"{self.setting(kind, float(sparsity), seed)}/dp"
+
+    def dp_file_patterns(self) -> list[str]:
+        """Every mask a setting's dp-federation writes, with the rule's wildcards {kind}, {dseed}, {dsp}."""
+        from pathlib import Path
+
+        from fedlib.privacy.stages.dp_federation import mask_paths
+
+        folder = Path(f"{self.base}/{{kind}}/s{{dseed}}/sp{{dsp}}/dp")
+        return [str(p) for spec in self.releases() for p in mask_paths(folder, spec, self.d["clients"])]
+
+    def dp_client_masks(self, kind: str, sparsity, seed, label: str) -> list[str]:
+        return [f"{self.dp_dir(kind, sparsity, seed)}/{label}/client_{c}.mask.safetensors"
+                for c in range(self.d["clients"])]
+
+    def dp_mask(self, kind: str, sparsity, seed, label: str) -> str:
+        """The mask a DP row evaluates: FedPrLLM over the clients' DP masks, or the secure sum's."""
+        mechanism = MECHANISMS[label.rsplit("-", 1)[0]][0]
+        leaf = "secagg" if mechanism == "distributed" else "fedprllm"
+        return f"{self.dp_dir(kind, sparsity, seed)}/{label}/{leaf}.mask.safetensors"
+
+    def membership_json(self, label: str) -> str:
+        return f"{self.base}/membership/{label}.json"
+
+    def membership_args(self, label: str) -> str:
+        name, eps = label.rsplit("-", 1)
+        mechanism, in_basis = MECHANISMS[name]
+        d, m = self.d, self.d["membership"]
+        clients = d["clients"] if mechanism == "distributed" else 1
+        args = (f"--targets {m['targets']} --pairs {m['pairs']} --blocks {m['blocks']} "
+                f"--samples {d['samples'] * clients} --dp-mechanism {mechanism} --dp-epsilon {eps} "
+                f"--dp-delta {float(d['delta'])!r} --dp-clip {float(d['clip'])!r} "
+                f"--dp-basis {int(d['basis']) if in_basis else 0}")
+        return args + (f" --dp-clients {clients}" if mechanism == "distributed" else "")
+
+    def membership_sparsity(self) -> float:
+        return float(self.d["sparsities"][len(self.d["sparsities"]) // 2])
+
+    # -- evaluation and report -------------------------------------------------------------------
+
+    @staticmethod
+    def eval_json(mask: str) -> str:
+        return mask.removesuffix(".mask.safetensors") + ".eval.json"
+
+    def dense_eval(self, dtype: str) -> str:
+        return f"{self.base}/dense-{dtype}.eval.json"
+
+    def grid(self, kind: str) -> list[tuple[float, int]]:
+        if kind == "control":
+            c = self.d["control"]
+            return [(float(sp), int(s)) for sp in c["sparsities"] for s in c["seeds"]]
+        return [(float(sp), int(s)) for sp in self.d["sparsities"] for s in self.d["seeds"]]
+
+    def detailed(self, kind: str, sparsity: float) -> bool:
+        """Whether a setting has every row: Local-only, the mix and the DP rows beside public,
+        Centralized and FedPrLLM (the control: FedPrLLM and the DP rows; in-domain: at
+        ``detail_sparsities``)."""
+        return kind == "control" or float(sparsity) in {float(x) for x in self.d["detail_sparsities"]}
+
+    def row_masks(self, kind: str, sparsity: float, seed: int) -> dict[str, str]:
+        """Row key -> the mask it evaluates, in table order."""
+        rows = {"public": self.public_mask(sparsity, seed)}
+        detailed = self.detailed(kind, sparsity)
+        wanted = {"private": ("central", "client_0", "fedprllm", "mix") if detailed else ("central", "fedprllm"),
+                  "control": ("fedprllm",)}[kind]
+        rows.update({which: self.mask(kind, sparsity, seed, which) for which in wanted})
+        if detailed:
+            rows.update({label: self.dp_mask(kind, sparsity, seed, label) for label in self.labels()})
+        return rows
+
+    def spec(self) -> dict:
+        d = self.d
+        evals = {kind: [{"sparsity": sp, "seed": seed,
+                         "rows": {row: self.eval_json(mask) for row, mask in self.row_masks(kind, sp, seed).items()},
+                         "record": f"{self.dp_dir(kind, sp, seed)}/pass.json" if self.detailed(kind, sp) else None}
+                        for sp, seed in self.grid(kind)] for kind in KINDS}
+        return {
+            "out_dir": self.catalog.reports,
+            "model": self.config["model"]["name"], "config": self.catalog.config_files,
+            "private": d["private"], "public": d["public"], "public_docs": d["public_docs"],
+            "control_docs": d["control_docs"], "clients": d["clients"], "samples": d["samples"],
+            "public_samples": d["public_samples"], "seqlen": self.seqlen, "delta": d["delta"], "clip": d["clip"],
+            "basis": d["basis"], "epsilons": d["epsilons"], "mechanisms": d["mechanisms"],
+            "titles": MECHANISM_TITLES, "evaluation": d["evaluation"], "eval_c4_docs": self.config["evaluation"].get("c4_docs"),
+            "dense": {dtype: self.dense_eval(dtype) for dtype in (d["evaluation"]["dtype"], "float32")},
+            "evals": evals,
+            "membership": {label: self.membership_json(label) for label in self.labels()},
+            "membership_sizes": {**d["membership"], "sparsity": self.membership_sparsity()},
+        }
+
+    def inputs(self) -> list[str]:
+        spec = self.spec()
+        files = list(spec["dense"].values()) + list(spec["membership"].values())
+        for cells in spec["evals"].values():
+            for cell in cells:
+                files += list(cell["rows"].values()) + ([cell["record"]] if cell["record"] else [])
+        return sorted(set(files))
+
+    def outputs(self) -> list[str]:
+        return [f"{self.catalog.reports}/domain.{ext}" for ext in ("md", "csv", "png")]

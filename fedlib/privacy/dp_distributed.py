@@ -1,0 +1,208 @@
+"""Distributed DP: the clients' normalised statistics (:mod:`fedlib.privacy.dp_public`) summed
+under secure aggregation (:mod:`fedlib.server.secagg`), each client adding 1/sqrt(K) of the noise,
+so the server sees one sum with the noise a central curator would add: central-DP utility
+(the noise on a mean falls with the federation's total sample count, not one client's), with
+no party ever seeing a client's statistic.
+
+Integers. Secure aggregation sums integers modulo 2^64, so each sample's clipped representation
+is put on a grid of ``grid`` steps per clip bound C (rounded to nearest): its L2 norm is then at
+most grid + sqrt(dim)/2 steps, and the replace-one sensitivity of a client's integer sum is
+Delta = 2 grid + sqrt(dim) steps. Each client adds discrete Gaussian noise N_Z(0, s^2) per
+coordinate, s = sigma Delta / sqrt(K) (Canonne, Kamath & Steinke 2020's exact rejection sampler, in
+floating point as in Kairouz et al.'s implementation).
+
+Accounting (Kairouz, Liu & Steinke, ICML 2021, Prop. 14): the sum of K independent N_Z(0, s^2)
+added to an integer vector of L2 sensitivity Delta is (alpha, alpha Delta^2 / (2 K s^2) + tau d)-RDP
+for every alpha, tau = 10 sum_{k=1}^{K-1} exp(-2 pi^2 s^2 k / (k+1)). Here Delta^2 / (K s^2) =
+1 / sigma^2: the RDP of a Gaussian of multiplier sigma plus tau d, and tau d <= 10 (K-1) d
+exp(-pi^2 s^2) is below 1e-300 for s of thousands of steps. ``releases`` of them compose by
+adding RDP; dp-accounting's RDP accountant turns that into (epsilon, delta) (its conversion holds
+for any mechanism with that RDP curve), and the tau d term is added to epsilon, never dropped.
+The guarantee is against the server and any party that sees only the sum, and holds when every
+client adds its share (a client that drops out takes its share with it; SecAgg's threshold does
+not restore it); a client's own upload is a one-time-padded vector.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from fedlib.privacy.dp import count_releases
+from fedlib.privacy.dp_public import NORMALISED_FIELDS, Deviations, NormalisedGuarantee
+
+DISTRIBUTED = "distributed"
+ACCOUNTANT = "rdp-ddg"
+#: grid steps per clip bound: rounding adds sqrt(dim)/2 steps to a sample's norm, 1e-4 of 2^16
+GRID = 2**16
+#: header fields of a distributed mechanism's ``x_dp``, in the writer's order
+DISTRIBUTED_FIELDS = NORMALISED_FIELDS + ("clients", "grid")
+#: an upper bound on any release's dimension (the tau d term): 2^24 channels
+MAX_DIM = 2**24
+#: secure aggregation's ring: sums are exact modulo 2^64 while they stay below 2^62
+RING_BITS = 64
+
+
+def to_grid(rows: torch.Tensor, bound: float, grid: int) -> torch.Tensor:
+    """Clipped rows (norm <= ``bound``) as integer steps of bound / grid, rounded to nearest."""
+    return torch.round(rows * (grid / bound)).to(torch.int64)
+
+
+def sensitivity_steps(grid: int, dim: int) -> float:
+    """L2 sensitivity, in grid steps, of a sum of rounded clipped rows under replace-one."""
+    return 2.0 * grid + math.sqrt(dim)
+
+
+def discrete_gaussian(sigma: float, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` draws of N_Z(0, sigma^2), P(y) proportional to exp(-y^2 / (2 sigma^2)) on the
+    integers: Canonne, Kamath & Steinke (2020), Alg. 3: a discrete Laplace proposal of scale
+    t = floor(sigma) + 1 (a difference of two geometrics), accepted with probability
+    exp(-(|y| - sigma^2/t)^2 / (2 sigma^2))."""
+    if sigma == 0:
+        return np.zeros(size, dtype=np.int64)  # no noise (a test's limit)
+    if not sigma > 0:
+        raise ValueError(f"discrete Gaussian needs sigma >= 0, got {sigma}")
+    t = math.floor(sigma) + 1
+    p = -math.expm1(-1.0 / t)
+    out = np.empty(size, dtype=np.int64)
+    todo = np.arange(size)
+    while todo.size:
+        y = rng.geometric(p, todo.size) - rng.geometric(p, todo.size)
+        accept = rng.random(todo.size) < np.exp(-((np.abs(y) - sigma * sigma / t) ** 2) / (2 * sigma * sigma))
+        out[todo[accept]] = y[accept]
+        todo = todo[~accept]
+    return out
+
+
+def tau_term(sigma: float, clients: int, grid: int, releases: int) -> float:
+    """The epsilon the discrete noise adds beyond a Gaussian's (module docstring), at most:
+    releases x MAX_DIM x 10 (K-1) exp(-pi^2 s^2), s >= sigma 2 grid / sqrt(K) the smallest
+    per-client std in steps."""
+    if clients < 2:
+        return 0.0
+    s = sigma * 2.0 * grid / math.sqrt(clients)
+    return releases * MAX_DIM * 10 * (clients - 1) * math.exp(-math.pi**2 * s * s)
+
+
+def _composed_event(sigma: float, releases: int):
+    import dp_accounting
+
+    return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), releases)
+
+
+@lru_cache(maxsize=256)
+def rdp_epsilon(sigma: float, releases: int, delta: float, clients: int, grid: int = GRID) -> float:
+    """Epsilon at ``delta`` of the distributed discrete Gaussian sum over ``releases`` releases."""
+    from dp_accounting.rdp import RdpAccountant
+
+    accountant = RdpAccountant()
+    accountant.compose(_composed_event(sigma, releases))
+    return float(accountant.get_epsilon(delta)) + tau_term(sigma, clients, grid, releases)
+
+
+@lru_cache(maxsize=256)
+def calibrate_distributed_sigma(epsilon: float, delta: float, releases: int, clients: int, grid: int = GRID) -> float:
+    """The smallest multiplier (to 1e-6) whose distributed sum is (epsilon, delta)-DP by RDP."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    if not (math.isfinite(epsilon) and epsilon > 0 and 0 < delta < 1 and releases >= 1 and clients >= 1):
+        raise ValueError(f"distributed DP needs 0 < epsilon < inf, 0 < delta < 1, releases >= 1, clients >= 1; "
+                         f"got epsilon={epsilon}, delta={delta}, releases={releases}, clients={clients}")
+    sigma = float(dp_accounting.calibrate_dp_mechanism(RdpAccountant, lambda s: _composed_event(s, releases),
+                                                       epsilon, delta))
+    while rdp_epsilon(sigma, releases, delta, clients, grid) > epsilon:
+        sigma *= 1 + 1e-6
+    return sigma
+
+
+@dataclass(frozen=True)
+class DistributedGuarantee(NormalisedGuarantee):
+    """What the server's mask from the secure sum proves, against the server: (epsilon,
+    delta)-DP w.r.t. replacing one sample of any client, ``clients`` clients each adding its
+    share of ``releases`` discrete Gaussian releases of multiplier ``sigma``."""
+
+    clients: int = 1
+    grid: int = GRID
+    mechanism: str = DISTRIBUTED
+    accountant: str = ACCOUNTANT
+    FIELDS: ClassVar[tuple[str, ...]] = DISTRIBUTED_FIELDS
+
+    def client_std(self, dim: int) -> float:
+        """One client's noise share, in grid steps."""
+        return self.sigma * sensitivity_steps(self.grid, dim) / math.sqrt(self.clients)
+
+    def noise_std(self, bound: float, dim: int) -> float:
+        """The std of the summed noise per coordinate, in the statistic's units."""
+        return self.sigma * sensitivity_steps(self.grid, dim) * bound / self.grid
+
+
+@dataclass(frozen=True)
+class DistributedTarget:
+    """``distributed`` in the domain study: the budget, clip (x the public scale), basis size
+    and the number of clients that share the noise."""
+
+    epsilon: float
+    delta: float
+    clip: float
+    basis: int
+    clients: int
+    grid: int = GRID
+    mechanism = DISTRIBUTED
+
+    def __post_init__(self):
+        if not (0 < self.epsilon < math.inf and 0 < self.delta < 1 and 0 < self.clip < math.inf
+                and self.basis >= 0 and self.clients >= 1 and self.grid >= 1):
+            raise ValueError(f"distributed DP needs 0 < epsilon < inf, 0 < delta < 1, a finite clip > 0, basis >= 0, "
+                             f"clients >= 1; got {self}")
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    def guarantee(self, layer_names: Iterable[str], public: str) -> DistributedGuarantee:
+        releases = count_releases(layer_names)
+        sigma = calibrate_distributed_sigma(float(self.epsilon), float(self.delta), releases, self.clients, self.grid)
+        return DistributedGuarantee(float(self.epsilon), float(self.delta), float(self.clip), int(self.basis), sigma,
+                                    releases, public, clients=int(self.clients), grid=int(self.grid))
+
+
+def _rng(seed: int, *names: object) -> np.random.Generator:
+    text = ":".join(str(x) for x in (seed, *names))
+    return np.random.default_rng(int.from_bytes(hashlib.sha256(text.encode()).digest()[:16], "little"))
+
+
+def secure_noisy_sum(release, key: str, stats: Sequence[Deviations]) -> torch.Tensor:
+    """The server's view of release ``key``: each client's grid sum plus its discrete Gaussian
+    share, one-time padded and summed by SecAgg (:mod:`fedlib.server.secagg`), decoded to the
+    statistic's units (float64)."""
+    from fedlib.server.secagg import setup_round
+
+    g: DistributedGuarantee = release.guarantee
+    if len(stats) != g.clients:
+        raise ValueError(f"release {release.label}: {len(stats)} clients sum, the guarantee is for {g.clients}")
+    dim, bound = stats[0].prior.dim, stats[0].bound
+    std = g.client_std(dim)
+    if release.secagg_round is None:
+        release.secagg_round = setup_round(g.clients, seed=release.secagg_seed, bits=RING_BITS)
+    clients, server = release.secagg_round
+    label = f"{release.label}:{key}"
+    limit = 2**62 // g.clients
+    uploads = {}
+    for c, stat in enumerate(stats):
+        noise = discrete_gaussian(std, dim, _rng(release.noise_seeds[c], "dp-distributed-noise", key))
+        value = stat.grid_sum.numpy() + noise
+        if np.abs(value).max(initial=0) >= limit:
+            raise OverflowError(f"release {label}: a client's noisy sum leaves the 2^64 ring's safe range")
+        uploads[c] = clients[c].masked_words(label, value.astype(np.uint64))
+    survivors = sorted(uploads)
+    reveals = {j: clients[j].reveal(survivors) for j in survivors}
+    total = server.unmask_words(label, uploads, reveals).view(np.int64)
+    return torch.from_numpy(total.astype(np.float64) * (bound / g.grid))

@@ -1,0 +1,496 @@
+"""DP Wanda masks that degrade to the public mask (issue 29): per-sample statistics normalised
+by public text's, clipped, noised, and shrunk toward the public prior.
+
+Why. The Gaussian mechanism of :mod:`fedlib.privacy.dp` clips each sample's raw per-channel
+energy vector, so a few outlier channels use up the clip, and it clamps the noisy sums at 0,
+which prunes whole columns: at any useful ε its masks are far worse than Wanda on public text
+alone. Here the public text is the prior and the private data only corrects it.
+
+Public prefix. The server (or the client itself) runs plain Wanda on public text; its masks are
+the *public mask*. A client's statistics of block b, private and public alike, are taken through
+blocks < b pruned by the public mask, which depends on public data only. So every release is
+non-adaptive, one pass yields the masks of every ε, the same public text gives every client the
+same prior, and the release of a block does not depend on the earlier releases (a distributed
+sum needs no round per block: one round in all).
+
+Statistic. For release r (a block input that one or more linears read,
+:func:`fedlib.privacy.dp.input_key`) with public per-token channel energy p_j (Wanda's
+mean x_j^2 on the public text), sample s with T tokens and channel energies v_s[j] gives the
+relative deviation u_s[j] = v_s[j] / (T p_j) - 1, or its coefficients B u_s in a public basis B
+(``basis`` = k rows, :func:`public_basis`). u_s is L2-clipped to C_r = ``clip`` x (the rms norm of
+the public samples' own u), a data-independent scale. u_s is signed: the replace-one sensitivity
+of the sum is 2 C_r (two clipped vectors can point in opposite directions), not sqrt(2) C_r as
+for the non-negative vectors of :mod:`fedlib.privacy.dp`. The noise is N(0, (sigma 2 C_r)^2) per
+coordinate.
+
+Estimate (post-processing). With n samples, the noisy mean deviation d = (sum + noise) / n is
+shrunk coordinate by coordinate toward 0 (the public value) with weight w = tau^2 / (tau^2 + s^2),
+s = sigma 2 C_r / n the noise's std and tau the public samples' rms along that coordinate (a
+data-independent prior scale): the posterior mean under a N(0, tau^2) prior. The channel energy
+is then m_j = p_j max(1 + w d, 0) (in a basis, 1 + B^T (w d)); the clamp only matters where the
+noise is far larger than tau. Without noise (w = 1, no clip) m is the private mean energy
+exactly; with huge noise w d -> 0 and m = p: the public mask, bit for bit. With a basis the noise
+in each channel falls by sqrt(d/k) on average (B^T spreads k noisy coordinates over d channels),
+at the price of the part of the deviation outside the basis; and where the weight is large, B^T
+spreads the deviation it keeps over every channel its directions mix (a domain's deviation sits in
+few channels, which no public basis predicts on SmolLM2), so a basis only pays where the noise
+keeps the weight small.
+
+Accounting: ``releases`` Gaussian mechanisms of noise multiplier sigma (std / sensitivity), PLD
+as in :mod:`fedlib.privacy.dp`; the public text and the public mask are constants. The distributed
+mechanism (the sum of every client's statistic under secure aggregation, each client adding
+1/sqrt(K) of the noise) is in :mod:`fedlib.privacy.dp_distributed`; both run in :func:`federation_pass`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from fedlib.client import Pruning, decide_block, resolve_method
+from fedlib.groups import seeded_generator
+from fedlib.methods.base import LayerPruner
+from fedlib.methods.wanda import WandaPruner, wanda_scores
+from fedlib.privacy.dp import ACCOUNTANT, NEIGHBOURS, calibrate_sigma, count_releases, input_key
+from fedlib.runner import BlockDecision, BlockRunner
+
+#: the mechanisms of this module's family (``x_dp``'s ``mechanism``)
+NORMALISED = "normalised"
+#: replace-one sensitivity of a sum of vectors clipped to C that may point anywhere: 2 C
+SIGNED_SENSITIVITY = 2.0
+#: header fields of a normalised mechanism's ``x_dp``, in the writer's order
+NORMALISED_FIELDS = ("mechanism", "epsilon", "delta", "clip", "basis", "sensitivity", "sigma", "accountant",
+                     "neighbours", "releases", "public")
+#: channels whose public energy is below this fraction of the layer's largest are normalised
+#: by that floor (a dead channel would divide by 0)
+SCALE_FLOOR = 1e-12
+
+
+def tokens_digest(ids: torch.Tensor) -> str:
+    """What names a public text in a header: its windows, tokens and a SHA-256 of the ids."""
+    ids = ids.to(torch.int64).contiguous()
+    digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()
+    return f"{ids.shape[0]}x{ids.shape[1]}:sha256:{digest}"
+
+
+# --------------------------------------------------------------------------- the public prior
+
+
+@dataclass
+class PublicPrior:
+    """What the public text says about one release: channel energies ``scale`` (p, float64),
+    the optional ``basis`` (k x d, orthonormal rows), the prior std ``tau`` of each coordinate of
+    the representation and ``unit``, the public samples' rms representation norm (the clip's
+    unit)."""
+
+    scale: torch.Tensor
+    basis: torch.Tensor | None
+    tau: torch.Tensor
+    unit: float
+
+    def represent(self, energies: torch.Tensor, tokens: int) -> torch.Tensor:
+        """Per-sample energies (samples, d) of samples of ``tokens`` tokens -> their
+        representations (samples, d or k): relative deviations from the public energies."""
+        floor = self.scale.clamp_min(SCALE_FLOOR * float(self.scale.max()))
+        u = energies / (tokens * floor) - 1.0
+        return u if self.basis is None else u @ self.basis.T
+
+    def energies(self, mean_deviation: torch.Tensor) -> torch.Tensor:
+        """Channel energies m = p max(1 + deviation, 0) from a mean deviation in the
+        representation (the clamp is post-processing: a channel's energy is never negative)."""
+        ratio = 1.0 + (mean_deviation if self.basis is None else mean_deviation @ self.basis)
+        return self.scale * ratio.clamp_min(0.0)
+
+    @property
+    def dim(self) -> int:
+        return int(self.tau.numel())
+
+
+def public_basis(token_gram: torch.Tensor, token_sum: torch.Tensor, tokens: int, scale: torch.Tensor,
+                 k: int) -> torch.Tensor:
+    """The k leading principal directions (rows, unit norm, sign fixed) of the public tokens'
+    relative deviations x_t^2 / p - 1: a domain's mean deviation is a mix of token kinds, so it
+    lies mostly where single tokens vary, which public text shows (a per-sample basis only sees
+    how whole documents vary)."""
+    mean = token_sum / tokens
+    floor = scale.clamp_min(SCALE_FLOOR * float(scale.max()))
+    cov = (token_gram / tokens - torch.outer(mean, mean)) / torch.outer(floor, floor)
+    values, vectors = torch.linalg.eigh((cov + cov.T) / 2)
+    top = vectors[:, torch.argsort(values, descending=True, stable=True)[:k]].T.contiguous()
+    signs = torch.sign(top.gather(1, top.abs().argmax(dim=1, keepdim=True)))
+    return top * signs
+
+
+class PublicWanda(WandaPruner):
+    """Plain Wanda on the public text (the public mask, bit for bit what ``client-mask``
+    computes), keeping what the prior needs: each sample's channel energies and, for a basis,
+    the tokens' second moments. Linears that read one input share one collector."""
+
+    def __init__(self, layer, layer_name: str, basis: int = 0):
+        super().__init__(layer, layer_name)
+        self.stats = {"samples": [], "gram": None, "sum": None, "tokens": 0, "basis": basis}
+
+    def adopt_statistics(self, other) -> bool:
+        if not isinstance(other, PublicWanda):
+            return False
+        self.stats = other.stats
+        self.sq_sum, self.n_tokens = other.sq_sum, None  # scores() reads the leader's
+        self._leader = other
+        return True
+
+    def add_batch(self, inp: torch.Tensor) -> None:
+        super().add_batch(inp)
+        x = inp.detach().to("cpu", torch.float64)
+        self.stats["samples"].append((x * x).sum(dim=1))
+        self.stats["seqlen"] = int(x.shape[1])
+        if self.stats["basis"]:
+            sq = inp.detach().to("cpu", torch.float32).reshape(-1, inp.shape[-1]).square()
+            gram = (sq.T @ sq).double()
+            self.stats["gram"] = gram if self.stats["gram"] is None else self.stats["gram"] + gram
+            total = sq.sum(dim=0).double()
+            self.stats["sum"] = total if self.stats["sum"] is None else self.stats["sum"] + total
+            self.stats["tokens"] += sq.shape[0]
+
+    def mean_sq_input(self) -> torch.Tensor:
+        leader = getattr(self, "_leader", None)
+        return leader.mean_sq_input() if leader is not None else super().mean_sq_input()
+
+    def prior(self, k: int = 0) -> PublicPrior:
+        """The prior of this input, in a public basis of ``k`` directions (0: every channel)."""
+        leader = getattr(self, "_leader", self)
+        scale = leader.sq_sum / leader.n_tokens
+        energies = torch.cat(self.stats["samples"])
+        if energies.shape[0] < 2:
+            raise ValueError(f"{self.layer_name}: the public prior needs at least 2 public samples, got "
+                             f"{energies.shape[0]}")
+        basis = None
+        if k:
+            if k > self.stats["basis"]:
+                raise ValueError(f"{self.layer_name}: a basis of {k} directions, the collector kept moments for "
+                                 f"{self.stats['basis']}")
+            basis = public_basis(self.stats["gram"], self.stats["sum"], self.stats["tokens"], scale,
+                                 min(k, scale.numel()))
+        prior = PublicPrior(scale, basis, torch.zeros(0), 0.0)
+        rep = prior.represent(energies, self.stats["seqlen"])
+        prior.tau = rep.pow(2).mean(dim=0).sqrt()
+        prior.unit = float(rep.pow(2).sum(dim=1).mean().sqrt())
+        if not prior.unit > 0:
+            raise ValueError(f"{self.layer_name}: the public samples do not vary (all equal): no clip scale")
+        return prior
+
+
+@dataclass(frozen=True)
+class View:
+    """One representation a pass computes: a basis size, a clip (x the public scale) and, for
+    the distributed mechanism, the integer grid (None: float sums only)."""
+
+    basis: int
+    clip: float
+    grid: int | None = None
+
+    @classmethod
+    def of(cls, guarantee) -> "View":
+        return cls(guarantee.basis, guarantee.clip, getattr(guarantee, "grid", None))
+
+
+class Deviations:
+    """One view's sums of a client's clipped per-sample deviations: float64, and on the grid."""
+
+    def __init__(self, prior: PublicPrior, view: View):
+        self.prior, self.view, self.bound = prior, view, view.clip * prior.unit
+        self.sum = torch.zeros(prior.dim, dtype=torch.float64)
+        self.grid_sum = torch.zeros(prior.dim, dtype=torch.int64) if view.grid else None
+        self.n_samples = 0
+
+    def add(self, energies: torch.Tensor, tokens: int) -> None:
+        rep = clip_rows(self.prior.represent(energies, tokens), self.bound)
+        self.sum += rep.sum(dim=0)
+        if self.grid_sum is not None:
+            from fedlib.privacy.dp_distributed import to_grid
+
+            self.grid_sum += to_grid(rep, self.bound, self.view.grid).sum(dim=0)
+        self.n_samples += rep.shape[0]
+
+
+class ClippedDeviations(LayerPruner):
+    """A client's per-sample channel energies of one input, as every view's clipped
+    deviations (:class:`Deviations`). Linears that read one input share one collector's sums.
+    Collects only; masks come from :class:`EstimatedWanda`."""
+
+    def __init__(self, layer, layer_name: str, views: Mapping[View, PublicPrior]):
+        super().__init__(layer, layer_name)
+        self.views = {view: Deviations(prior, view) for view, prior in views.items()}
+
+    def adopt_statistics(self, other) -> bool:
+        if not isinstance(other, ClippedDeviations):
+            return False
+        self.views = other.views
+        return True
+
+    def add_batch(self, inp: torch.Tensor) -> None:
+        x = inp.detach().to("cpu", torch.float64)
+        energies = (x * x).sum(dim=1)
+        for deviations in self.views.values():
+            deviations.add(energies, x.shape[1])
+
+
+def clip_rows(rows: torch.Tensor, bound: float) -> torch.Tensor:
+    """Each row scaled down to L2 norm ``bound`` if it is longer (``inf``: unchanged)."""
+    if math.isinf(bound):
+        return rows
+    norms = rows.norm(dim=1, keepdim=True)
+    return rows * torch.where(norms > bound, bound / norms.clamp_min(torch.finfo(torch.float64).tiny),
+                              torch.ones_like(norms))
+
+
+class EstimatedWanda(LayerPruner):
+    """Wanda's score from given channel energies (the DP estimate)."""
+
+    def __init__(self, layer, layer_name: str, energies: torch.Tensor):
+        super().__init__(layer, layer_name)
+        self.energies = energies
+
+    def scores(self) -> torch.Tensor:
+        return wanda_scores(self.layer.weight.detach().float().cpu(), self.energies.to(torch.float32))
+
+
+def shrunk_energies(prior: PublicPrior, noisy_sum: torch.Tensor, n_samples: int, noise_std: float) -> torch.Tensor:
+    """The posterior-mean estimate of the channel energies (module docstring) from a noisy sum of
+    ``n_samples`` clipped deviations with noise of std ``noise_std`` per coordinate."""
+    s = noise_std / n_samples
+    weight = torch.ones_like(prior.tau) if s == 0 else prior.tau.square() / (prior.tau.square() + s * s)
+    return prior.energies(weight * noisy_sum / n_samples)
+
+
+# --------------------------------------------------------------------------- the guarantee
+
+
+@dataclass(frozen=True)
+class NormalisedGuarantee:
+    """What a normalised DP client's mask file proves: (epsilon, delta)-DP w.r.t. replacing
+    one calibration sample, from ``releases`` Gaussian releases of noise multiplier ``sigma``
+    with sensitivity ``sensitivity`` x the release's clip (``clip`` x the public scale)."""
+
+    epsilon: float
+    delta: float
+    clip: float
+    basis: int
+    sigma: float
+    releases: int
+    public: str
+    mechanism: str = NORMALISED
+    sensitivity: float = SIGNED_SENSITIVITY
+    accountant: str = ACCOUNTANT
+    neighbours: str = NEIGHBOURS
+    #: the ``x_dp`` fields, in the writer's order
+    FIELDS: ClassVar[tuple[str, ...]] = NORMALISED_FIELDS
+
+    def noise_std(self, bound: float) -> float:
+        """The noise's std for a release clipped to ``bound`` (0 without noise, whatever the bound)."""
+        return self.sigma * self.sensitivity * bound if self.sigma > 0 else 0.0
+
+    def header(self) -> str:
+        return json.dumps({k: getattr(self, k) for k in self.FIELDS}, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class NormalisedTarget:
+    """``--dp-mechanism normalised``: the budget, the clip (x the public scale) and the basis
+    size (0 = every channel)."""
+
+    epsilon: float
+    delta: float
+    clip: float
+    basis: int = 0
+    mechanism = NORMALISED
+
+    def __post_init__(self):
+        if not (self.epsilon > 0 and 0 < self.delta < 1 and self.clip > 0 and self.basis >= 0):
+            raise ValueError(f"DP needs epsilon > 0, 0 < delta < 1, clip > 0 and basis >= 0; got epsilon="
+                             f"{self.epsilon}, delta={self.delta}, clip={self.clip}, basis={self.basis}")
+        if not math.isfinite(self.epsilon) and math.isfinite(self.clip):
+            raise ValueError("epsilon = inf (no noise) goes with clip = inf (no clipping): the plain estimate")
+
+    @property
+    def enabled(self) -> bool:
+        return True  # inf is this family's no-noise limit, still computed through the public prior
+
+    def guarantee(self, layer_names: Iterable[str], public: str) -> NormalisedGuarantee:
+        releases = count_releases(layer_names)
+        sigma = 0.0 if not math.isfinite(self.epsilon) else calibrate_sigma(float(self.epsilon), float(self.delta),
+                                                                           releases)
+        return NormalisedGuarantee(float(self.epsilon), float(self.delta), float(self.clip), int(self.basis), sigma,
+                                   releases, public)
+
+
+# --------------------------------------------------------------------------- one pass
+
+
+@dataclass
+class Release:
+    """One DP mechanism to run in a pass: per client (``shared=False``: each client's noisy
+    estimate, one mask per client) or distributed (``shared=True``: the clients' secure sum,
+    one mask). ``noise_seeds``: the clients' secret seeds. ``sink(client, block, decision)``
+    receives its masks (client None: the distributed mask)."""
+
+    label: str
+    guarantee: object
+    noise_seeds: Sequence[int]
+    sink: Callable[[int | None, int, BlockDecision], None]
+    shared: bool = False
+    secagg_seed: int | None = 0
+    #: the SecAgg round's (clients, server), set up at the first sum
+    secagg_round: tuple | None = None
+
+
+def federation_pass(
+    model,
+    public_ids: torch.Tensor,
+    clients_ids: Sequence[torch.Tensor],
+    pruning: Pruning,
+    releases: Sequence[Release],
+    *,
+    blocks: int | None = None,
+    public_sink: Callable[[int, BlockDecision], None] | None = None,
+) -> None:
+    """Every client's statistics through the public mask's prefix (module docstring), and each
+    release's masks from them, block by block: the public masks go to ``public_sink``, each
+    release's to its sink; every mask is Wanda's as ``pruning`` says (its sparsity, group, seed,
+    batch size and placement). ``blocks``: only blocks 0..blocks-1."""
+    from fedlib.privacy.dp_distributed import secure_noisy_sum
+
+    runner = BlockRunner(model, [public_ids, *clients_ids], pruning.placement, pruning.batch_size)
+    views = {View.of(r.guarantee) for r in releases}
+    moments = max((v.basis for v in views), default=0)
+    for step in runner.steps(blocks):
+        public = {name: PublicWanda(linear, name, moments) for name, linear in step.linears.items()}
+        step.collect(0, public)
+        decision = decide_block(public, pruning.sparsity, pruning.group, pruning.seed)
+        priors = {}  # (input, basis) -> prior
+        for name, collector in public.items():
+            for k in {v.basis for v in views}:
+                if (input_key(name), k) not in priors:
+                    priors[input_key(name), k] = collector.prior(k)
+        keys = list(dict.fromkeys(input_key(name) for name in step.linears))
+        collected = []  # per client: input -> view -> Deviations
+        for c in range(len(clients_ids)):
+            stats = {name: ClippedDeviations(linear, name, {v: priors[input_key(name), v.basis] for v in views})
+                     for name, linear in step.linears.items()}
+            step.collect(c + 1, stats)
+            collected.append({input_key(name): s.views for name, s in stats.items()})
+        for release in releases:
+            g, view = release.guarantee, View.of(release.guarantee)
+            if release.shared:
+                estimates = {}
+                for key in keys:
+                    parts = [c[key][view] for c in collected]
+                    total = secure_noisy_sum(release, key, parts)
+                    prior = parts[0].prior
+                    estimates[key] = shrunk_energies(prior, total, sum(p.n_samples for p in parts),
+                                                     g.noise_std(parts[0].bound, prior.dim))
+                release.sink(None, step.index, _estimate_decision(step, estimates, pruning))
+                continue
+            for c, by_key in enumerate(collected):
+                estimates = {}
+                for key in keys:
+                    stat = by_key[key][view]
+                    std = g.noise_std(stat.bound)
+                    noise = torch.randn(stat.sum.shape, generator=seeded_generator(
+                        release.noise_seeds[c], "dp-normalised-noise", key), dtype=torch.float64) * std
+                    estimates[key] = shrunk_energies(stat.prior, stat.sum + noise, stat.n_samples, std)
+                release.sink(c, step.index, _estimate_decision(step, estimates, pruning))
+        if public_sink is not None:
+            public_sink(step.index, decision)
+        for client in range(runner.n_clients):
+            step.propagate(client, decision)
+
+
+def _estimate_decision(step, estimates: Mapping[str, torch.Tensor], pruning: Pruning) -> BlockDecision:
+    pruners = {name: EstimatedWanda(linear, name, estimates[input_key(name)]) for name, linear in step.linears.items()}
+    return decide_block(pruners, pruning.sparsity, pruning.group, pruning.seed)
+
+
+def collecting_sink(store: dict) -> Callable[[int | None, int, BlockDecision], None]:
+    """A sink that keeps every mask in ``store[client][layer]`` (client None: the shared mask)."""
+    def sink(client, _block, decision):
+        store.setdefault(client, {}).update(decision.masks)
+    return sink
+
+
+# --------------------------------------------------------------------------- one client or federation
+
+
+def _seed_of(seed: int, *names: object) -> int:
+    text = ":".join(str(x) for x in (seed, *names))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+@dataclass(frozen=True, eq=False)
+class PublicDP:
+    """A normalised or distributed mechanism with the public text its clients normalise by:
+    what ``fedlib client-mask --dp-mechanism normalised`` runs, and what an auditor recomputes
+    (:func:`fedlib.privacy.stages.recompute.client_masks`)."""
+
+    target: object
+    public_ids: torch.Tensor
+    enabled = True
+
+    @property
+    def delta(self) -> float:
+        return self.target.delta
+
+    @property
+    def shared(self) -> bool:
+        return self.target.mechanism != NORMALISED
+
+    def guarantee(self, layer_names: Iterable[str]):
+        return self.target.guarantee(layer_names, tokens_digest(self.public_ids))
+
+    def client_masks(self, model, input_ids: torch.Tensor, pruning: Pruning, *, noise_seed: int,
+                     blocks: int | None = None,
+                     sink: Callable[[int, BlockDecision], None] | None = None) -> dict[str, torch.Tensor]:
+        """The mask of a client with data ``input_ids``, pruned as ``pruning`` says (plain Wanda:
+        no method options), (distributed: of a federation whose
+        ``target.clients`` clients hold its consecutive parts, each with a noise seed derived
+        from ``noise_seed``), blocks ``0..blocks-1``. ``sink(block, decision)`` gets the masks
+        as they are decided (a client streams them to its file); returns them (empty with a sink)."""
+        from fedlib.models import prunable_layers
+
+        names = [info.name for info in prunable_layers(model) if blocks is None or info.block < blocks]
+        guarantee = self.guarantee(names)
+        parts = list(input_ids.tensor_split(self.target.clients)) if self.shared else [input_ids]
+        if any(part.shape[0] == 0 for part in parts):
+            raise ValueError(f"{input_ids.shape[0]} samples cannot be split over {len(parts)} clients")
+        seeds = [_seed_of(noise_seed, "client", c) for c in range(len(parts))] if self.shared else [noise_seed]
+        store: dict = {}
+        keep = collecting_sink(store)
+        release = Release("client", guarantee, seeds, keep if sink is None else (lambda _c, b, d: sink(b, d)),
+                          shared=self.shared, secagg_seed=_seed_of(noise_seed, "secagg"))
+        if resolve_method(pruning.method) is not resolve_method("wanda") or pruning.options:
+            raise ValueError(f"DP masks are plain Wanda's, not {pruning.method!r} with options {pruning.options}")
+        federation_pass(model, self.public_ids, parts, pruning, [release], blocks=blocks)
+        return next(iter(store.values()), {})
+
+
+def public_dp(mechanism: str, epsilon: float, delta: float, clip: float, basis: int, clients: int | None,
+              public_ids: torch.Tensor) -> PublicDP:
+    """``--dp-mechanism normalised|distributed`` with its public text."""
+    from fedlib.privacy.dp_distributed import DISTRIBUTED, DistributedTarget
+
+    if mechanism == NORMALISED:
+        if clients is not None:
+            raise ValueError("--dp-clients: the normalised mechanism is one client's (distributed shares the noise)")
+        if not math.isfinite(epsilon):
+            raise ValueError("--dp-mechanism normalised needs a finite --dp-epsilon (without DP, omit --dp-epsilon)")
+        return PublicDP(NormalisedTarget(epsilon, delta, clip, basis), public_ids)
+    if mechanism == DISTRIBUTED:
+        if clients is None:
+            raise ValueError("--dp-mechanism distributed needs --dp-clients (how many clients share the noise)")
+        return PublicDP(DistributedTarget(epsilon, delta, clip, basis, clients), public_ids)
+    raise ValueError(f"unknown DP mechanism {mechanism!r}; known: gaussian, {NORMALISED}, {DISTRIBUTED}")

@@ -1,0 +1,1 @@
+"""Studies whose reports are more than a table of rows: the domain-shift study (:mod:`fedlib.studies.domain`)."""

@@ -1,0 +1,374 @@
+"""DP masks that degrade to the public mask (fedlib.privacy.dp_public, dp_distributed): the
+signed statistic's sensitivity by brute force, the no-noise limit against plain Wanda computed
+independently, huge noise against the public mask, the low-dimensional release, the distributed
+sum through real SecAgg, the discrete Gaussian and both accountants against exact bounds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import optimize, stats
+
+from fedlib.client import Pruning, prune_locally
+from fedlib.groups import prune_lowest
+from fedlib.methods.wanda import wanda_scores
+from fedlib.models import block_linears
+from fedlib.privacy.dp import calibrate_sigma, count_releases, input_key
+from fedlib.privacy.dp_distributed import (
+    GRID,
+    DistributedGuarantee,
+    DistributedTarget,
+    calibrate_distributed_sigma,
+    discrete_gaussian,
+    rdp_epsilon,
+    sensitivity_steps,
+    to_grid,
+)
+from fedlib.privacy.dp_public import (
+    NormalisedGuarantee,
+    NormalisedTarget,
+    PublicPrior,
+    Release,
+    clip_rows,
+    collecting_sink,
+    federation_pass,
+    tokens_digest,
+)
+
+SPARSITY, GROUP, SEED = 0.5, "row", 0
+
+
+def _ids(n, seqlen=16, seed=0, vocab=128, low=0):
+    return torch.randint(low, vocab, (n, seqlen), generator=torch.Generator().manual_seed(seed))
+
+
+def _names(model):
+    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n]
+
+
+def _pass(model, public, clients, guarantees, shared=False, blocks=None, noise_seeds=None):
+    """Masks of each guarantee's release (one per client, or the shared one) and the public masks."""
+    out, public_masks = [], {}
+    releases = []
+    for i, g in enumerate(guarantees):
+        store = {}
+        out.append(store)
+        releases.append(Release(f"r{i}", g, noise_seeds or list(range(len(clients))), collecting_sink(store),
+                                shared=shared))
+    federation_pass(model, public, clients, Pruning("wanda", SPARSITY, GROUP, SEED, batch_size=4), releases, blocks=blocks,
+                    public_sink=lambda _b, d: public_masks.update(d.masks))
+    return out, public_masks
+
+
+def _no_noise(model, public, basis=0):
+    target = NormalisedTarget(math.inf, 1e-5, math.inf, basis)
+    return target.guarantee(_names(model), tokens_digest(public))
+
+
+def reference_masks(model, ids, prefix_masks):
+    """Plain Wanda computed by hand: block b's linears see the data through blocks < b pruned
+    by ``prefix_masks`` (block b itself dense), mean x^2 per channel over all tokens."""
+    masks = {}
+    layers = model.model.layers
+    for b in range(len(layers)):
+        originals = {}
+        with torch.no_grad():
+            for lb in range(b):
+                for local, lin in block_linears(layers[lb]).items():
+                    name = f"model.layers.{lb}.{local}"
+                    originals[name] = lin.weight.clone()
+                    lin.weight[prefix_masks[name]] = 0
+            seen = {}
+            lins = {f"model.layers.{b}.{local}": lin for local, lin in block_linears(layers[b]).items()}
+            hooks = [lin.register_forward_hook(lambda _m, inp, _o, n=n: seen.setdefault(n, []).append(inp[0]))
+                     for n, lin in lins.items()]
+            model(ids)
+            for h in hooks:
+                h.remove()
+            for lb in range(b):
+                for local, lin in block_linears(layers[lb]).items():
+                    lin.weight.copy_(originals[f"model.layers.{lb}.{local}"])
+        for n, lin in lins.items():
+            x = torch.cat(seen[n]).double().reshape(-1, lin.in_features)
+            energy = (x * x).mean(dim=0)
+            masks[n] = prune_lowest(wanda_scores(lin.weight.detach().float(), energy.float()), SPARSITY, GROUP, SEED, n)
+    return masks
+
+
+def test_signed_statistic_needs_sensitivity_2c_by_brute_force(model):
+    """Replace-one neighbours of a data set move the clipped sum by at most 2C (brute force over
+    a pool on a tiny model's real activations), and two samples can reach 2C, beyond sqrt(2) C."""
+    from fedlib.privacy.dp_public import ClippedDeviations, PublicWanda, View
+    from fedlib.runner import BlockRunner
+
+    pool = torch.cat([_ids(6, seed=1), torch.full((1, 16), 3), torch.full((1, 16), 77)])
+    public = _ids(8, seed=2)
+    # the statistic of one release (block 0's attention input) for each pool sample alone
+    runner = BlockRunner(model, [public, pool], batch_size=1)
+    step = next(runner.steps(1))
+    name = "model.layers.0.self_attn.q_proj"
+    pub = {name: PublicWanda(step.linears[name], name)}
+    step.collect(0, pub)
+    prior = pub[name].prior()
+    view = View(0, 0.5)
+
+    def statistic(x):
+        stat = ClippedDeviations(step.linears[name], name, {view: prior})
+        stat.add_batch(x)
+        return stat.views[view].sum
+
+    bound_multiplier = view.clip
+    per_sample = [statistic(model.model.embed_tokens(pool[row:row + 1])) for row in range(pool.shape[0])]
+    bound = bound_multiplier * prior.unit
+    data = [0, 1, 2]
+    total = sum(per_sample[i] for i in data)
+    worst = 0.0
+    for s in data:
+        for r in range(pool.shape[0]):
+            if r in data:
+                continue
+            moved = (total - per_sample[s] + per_sample[r] - total).norm().item()
+            assert moved <= 2 * bound * (1 + 1e-9)
+            worst = max(worst, moved)
+    assert all(v.norm().item() <= bound * (1 + 1e-9) for v in per_sample)
+    # synthetic activations above and below the public energies everywhere: opposite vectors
+    loud, quiet = torch.full((1, 4, 32), 50.0), torch.full((1, 4, 32), 1e-3)
+    stats_of = [statistic(loud), statistic(quiet)]
+    assert (stats_of[0] - stats_of[1]).norm().item() > math.sqrt(2) * bound * 1.3
+    assert (stats_of[0] - stats_of[1]).norm().item() <= 2 * bound * (1 + 1e-9)
+    # and the mechanism's noise is calibrated to 2C
+    g = NormalisedTarget(4.0, 1e-5, 1.0).guarantee(_names(model), "x")
+    assert g.noise_std(bound) == pytest.approx(g.sigma * 2 * bound)
+
+
+def test_no_noise_is_plain_wanda_through_the_public_prefix(model):
+    """ε = ∞ (no clip, no noise): each client's masks are Wanda on its data through the public
+    mask's prefix, and block 0 (no prefix) is plain Wanda bit for bit; the public masks are
+    client-mask's plain Wanda on the public text."""
+    public, a, b = _ids(8, seed=2), _ids(6, seed=3, low=64), _ids(6, seed=4)
+    (per_client,), public_masks = _pass(model, public, [a, b], [_no_noise(model, public)])
+    assert all(torch.equal(public_masks[n], m)
+               for n, m in prune_locally(model, public, Pruning("wanda", SPARSITY, GROUP, SEED)).masks.items())
+    for c, ids in enumerate((a, b)):
+        ref = reference_masks(model, ids, public_masks)
+        assert all(torch.equal(per_client[c][n], ref[n]) for n in ref)
+        plain = prune_locally(model, ids, Pruning("wanda", SPARSITY, GROUP, SEED)).masks
+        assert all(torch.equal(per_client[c][n], plain[n]) for n in plain if ".layers.0." in n)
+    # the private data changes the masks: the check above can fail
+    assert any(not torch.equal(per_client[0][n], public_masks[n]) for n in public_masks)
+
+
+def test_distributed_without_noise_is_wanda_on_the_combined_data(model):
+    """The secure sum of the clients' statistics without noise is Wanda on their union (through
+    the public prefix); with a full basis the low-dimensional release changes nothing."""
+    public, a, b = _ids(8, seed=2), _ids(5, seed=3, low=64), _ids(7, seed=4)
+    full = torch.cat([a, b])
+    # a clip no sample reaches, on a grid fine enough that rounding is below float32's resolution
+    g = DistributedGuarantee(1.0, 1e-5, 1e3, 0, 0.0, count_releases(_names(model)), "x", clients=2, grid=2**40)
+    (shared,), public_masks = _pass(model, public, [a, b], [g], shared=True, noise_seeds=[5, 6])
+    ref = reference_masks(model, full, public_masks)
+    assert all(torch.equal(shared[None][n], ref[n]) for n in ref)
+    # a full basis (k = d) is a rotation: the same masks as the per-channel release
+    (full_basis,), _ = _pass(model, public, [full], [_no_noise(model, public, basis=10**6)])
+    assert all(torch.equal(full_basis[0][n], ref[n]) for n in ref)
+
+
+def test_huge_noise_gives_exactly_the_public_mask(model):
+    public, a = _ids(8, seed=2), _ids(6, seed=3, low=64)
+    releases = count_releases(_names(model))
+    loud = [NormalisedGuarantee(1e-6, 1e-5, 1.0, basis, 1e12, releases, "x") for basis in (0, 4)]
+    loud.append(DistributedGuarantee(1e-6, 1e-5, 1.0, 4, 1e9, releases, "x", clients=2))
+    (normalised, lowdim), public_masks = _pass(model, public, [a, a.flip(0)], loud[:2])
+    (distributed,), _ = _pass(model, public, [a, a.flip(0)], loud[2:], shared=True)
+    for masks in (normalised[0], normalised[1], lowdim[0], distributed[None]):
+        assert all(torch.equal(masks[n], public_masks[n]) for n in public_masks)
+    # moderate noise moves the masks: the check can fail
+    mid = [NormalisedGuarantee(1.0, 1e-5, 1.0, 0, 1e-3, releases, "x")]
+    (moved,), _ = _pass(model, public, [a], mid)
+    assert any(not torch.equal(moved[0][n], public_masks[n]) for n in public_masks)
+
+
+def test_low_dimensional_release_projects_and_cuts_noise_per_channel():
+    gen = torch.Generator().manual_seed(0)
+    d, k = 12, 3
+    basis = torch.linalg.qr(torch.randn(d, k, generator=gen, dtype=torch.float64))[0].T
+    prior = PublicPrior(torch.rand(d, generator=gen, dtype=torch.float64) + 0.5, basis,
+                        torch.ones(k, dtype=torch.float64), 1.0)
+    energies = torch.rand(5, d, generator=gen, dtype=torch.float64) * 10
+    rep = prior.represent(energies, 4)
+    u = energies / (4 * prior.scale) - 1
+    assert torch.allclose(rep, u @ basis.T)
+    # the mean deviation comes back as its projection onto the basis
+    back = prior.energies(rep.mean(0))
+    expected = prior.scale * (1 + basis.T @ basis @ u.mean(0)).clamp_min(0)
+    assert torch.allclose(back, expected)
+    # isotropic noise on k coordinates spreads over d channels: k/d of the variance per channel
+    assert torch.trace(basis.T @ basis).item() == pytest.approx(k)
+    # clipping: rows longer than the bound get exactly the bound, shorter ones stay
+    rows = torch.tensor([[3.0, 4.0], [0.3, 0.4]], dtype=torch.float64)
+    assert torch.allclose(clip_rows(rows, 1.0), torch.tensor([[0.6, 0.8], [0.3, 0.4]], dtype=torch.float64))
+
+
+def analytic_gaussian_epsilon(mu: float, delta: float) -> float:
+    def delta_of(eps):
+        return stats.norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu)
+    return optimize.brentq(lambda e: delta_of(e) - delta, 0.0, 500.0, xtol=1e-10)
+
+
+@pytest.mark.parametrize("epsilon,releases,clients", [(1.0, 8, 2), (8.0, 120, 4), (64.0, 120, 4)])
+def test_accounting_against_the_exact_gaussian_bound(epsilon, releases, clients):
+    delta = 1e-5
+    # per client: PLD, tight against the exact Gaussian composition (mu = sqrt(k) / sigma)
+    sigma = NormalisedTarget(epsilon, delta, 1.0).guarantee([f"model.layers.{i}.mlp.down_proj"
+                                                            for i in range(releases)], "x").sigma
+    assert sigma == calibrate_sigma(epsilon, delta, releases)
+    exact = analytic_gaussian_epsilon(math.sqrt(releases) / sigma, delta)
+    assert 0.98 * epsilon <= exact <= epsilon + 1e-6
+    # distributed: RDP bounds the same Gaussian from above, so it needs at least as much noise
+    d_sigma = calibrate_distributed_sigma(epsilon, delta, releases, clients)
+    assert rdp_epsilon(d_sigma, releases, delta, clients) <= epsilon
+    assert analytic_gaussian_epsilon(math.sqrt(releases) / d_sigma, delta) <= epsilon
+    assert d_sigma >= sigma * (1 - 1e-6)
+    assert d_sigma <= 1.5 * sigma  # RDP's conversion costs some noise, not orders of magnitude
+    # the discrete term is negligible at these per-client stds, and counted
+    g = DistributedTarget(epsilon, delta, 1.0, 0, clients).guarantee(
+        [f"model.layers.{i}.mlp.down_proj" for i in range(releases)], "x")
+    assert g.client_std(576) > 1000 and g.sigma == d_sigma
+
+
+def test_discrete_gaussian_matches_its_distribution():
+    rng = np.random.default_rng(0)
+    sigma = 1.7
+    draws = discrete_gaussian(sigma, 200_000, rng)
+    support = np.arange(-12, 13)
+    pmf = np.exp(-support**2 / (2 * sigma**2))
+    pmf /= pmf.sum()
+    freq = np.array([(draws == y).mean() for y in support])
+    assert np.abs(freq - pmf).max() < 0.004
+    assert draws.dtype == np.int64 and abs(draws.mean()) < 0.02
+    # K shares of std s sum to variance K s^2 (what the server's noise is)
+    big = discrete_gaussian(3000.0, 4 * 50_000, np.random.default_rng(1)).reshape(4, -1).sum(0)
+    assert big.std() == pytest.approx(2 * 3000.0, rel=0.01)
+
+
+def test_secure_sum_equals_the_plain_sum_of_noisy_uploads(model):
+    """The distributed release through real SecAgg equals the sum of what the clients would
+    upload in the clear (grid sums plus their noise shares), decoded."""
+    from fedlib.privacy.dp_distributed import _rng
+
+    public, a, b = _ids(8, seed=2), _ids(5, seed=3, low=64), _ids(7, seed=4)
+    g = DistributedTarget(8.0, 1e-5, 1.0, 0, 2).guarantee(_names(model), "x")
+    seen = {}
+    import fedlib.privacy.dp_distributed as dd
+
+    original = dd.secure_noisy_sum
+
+    def spy(release, key, stats_list):
+        total = original(release, key, stats_list)
+        plain = sum(s.grid_sum.numpy() + discrete_gaussian(g.client_std(s.prior.dim), s.prior.dim,
+                                                         _rng(release.noise_seeds[c], "dp-distributed-noise", key))
+                    for c, s in enumerate(stats_list))
+        seen[key] = (total, torch.from_numpy(plain.astype(np.float64) * (stats_list[0].bound / g.grid)))
+        return total
+
+    dd.secure_noisy_sum = spy
+    try:
+        _pass(model, public, [a, b], [g], shared=True, noise_seeds=[11, 12], blocks=1)
+    finally:
+        dd.secure_noisy_sum = original
+    assert len(seen) == 4
+    for total, plain in seen.values():
+        assert torch.equal(total, plain)
+    # grid rounding keeps a clipped row's norm within sqrt(d)/2 steps of the bound
+    rows = clip_rows(torch.randn(50, 9, dtype=torch.float64) * 5, 2.0)
+    steps = to_grid(rows, 2.0, GRID).double().norm(dim=1)
+    assert (steps <= GRID + math.sqrt(9) / 2 + 1e-9).all()
+    assert sensitivity_steps(GRID, 9) == 2 * GRID + 3
+
+
+def test_noise_is_seeded_and_shared_inputs_share_one_release(model):
+    public, a = _ids(8, seed=2), _ids(6, seed=3, low=64)
+    g = NormalisedTarget(64.0, 1e-5, 2.0).guarantee(_names(model), "x")
+    (one,), _ = _pass(model, public, [a], [g], noise_seeds=[1])
+    (two,), _ = _pass(model, public, [a], [g], noise_seeds=[1])
+    (other,), _ = _pass(model, public, [a], [g], noise_seeds=[2])
+    assert all(torch.equal(one[0][n], two[0][n]) for n in one[0])
+    assert any(not torch.equal(one[0][n], other[0][n]) for n in one[0])
+    assert input_key("model.layers.0.mlp.gate_proj") == input_key("model.layers.0.mlp.up_proj")
+
+
+def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_guarantee(tiny_model_dir, tmp_path):
+    """``client-mask --dp-mechanism normalised`` writes, bit for bit, the client file the
+    simulated federation writes with the same noise seed; the reader checks each mechanism's
+    fields and accounting (a signed statistic claiming sqrt(2) C, too little noise, a wrong
+    number of releases are refused)."""
+    import json
+
+    from fedlib.cli import main
+    from fedlib.data import load_tokens, save_tokens
+    from fedlib.maskfile import MaskFile, MaskFileError, read_header, write_mask_file
+    from fedlib.models import open_model
+    from fedlib.privacy.stages.dp_federation import simulate
+
+    gen = torch.Generator().manual_seed(0)
+    public, a, b = (tmp_path / f"{n}.safetensors" for n in ("public", "a", "b"))
+    for path, low in ((public, 0), (a, 500), (b, 900)):
+        save_tokens(path, torch.randint(low, low + 400, (6, 12), generator=gen), dataset="test")
+    releases = [{"label": "norm", "mechanism": "normalised", "epsilon": 8.0, "delta": 1e-5, "clip": 2.0, "basis": 0},
+                {"label": "dist", "mechanism": "distributed", "epsilon": 8.0, "delta": 1e-5, "clip": 2.0, "basis": 4}]
+    handle = open_model(str(tiny_model_dir))
+    record = simulate(handle, load_tokens(public)[0], [load_tokens(a)[0], load_tokens(b)[0]], releases,
+                      tmp_path / "fed", Pruning("wanda", 0.5, "row", 0), noise_seed=7)
+    from fedlib.privacy.dp_public import _seed_of
+
+    main(["client-mask", "--model", str(tiny_model_dir), "--calib", str(b), "--dp-mechanism", "normalised",
+          "--dp-public", str(public), "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2",
+          "--dp-noise-seed", str(_seed_of(7, "norm", 1)), "--client-id", "1", "--out", str(tmp_path / "cli.safetensors")])
+    simulated = MaskFile(tmp_path / "fed" / "norm" / "client_1.mask.safetensors").masks()
+    cli = MaskFile(tmp_path / "cli.safetensors").masks()
+    assert all(torch.equal(simulated[n], cli[n]) for n in cli)
+    assert json.loads(read_header(tmp_path / "cli.safetensors").extra["dp"]) == json.loads(
+        record["releases"]["norm"]["guarantee"])
+    dist = read_header(tmp_path / "fed" / "dist" / "secagg.mask.safetensors")
+    assert dist.client_id == "secagg" and dist.n_samples == 12
+    assert json.loads(dist.extra["dp"])["clients"] == 2
+    layers = handle.layers()
+    for path in (tmp_path / "cli.safetensors", tmp_path / "fed" / "dist" / "secagg.mask.safetensors"):
+        header, masks = read_header(path), MaskFile(path).masks()
+        dp = json.loads(header.extra["dp"])
+        for i, value in enumerate([{**dp, "sensitivity": math.sqrt(2)}, {**dp, "sigma": dp["sigma"] / 2},
+                                   {**dp, "releases": dp["releases"] + 1}, {**dp, "mechanism": "laplace"},
+                                   {**dp, "public": "abc"}, {k: v for k, v in dp.items() if k != "basis"}]):
+            bad = tmp_path / f"bad{i}.safetensors"
+            write_mask_file(bad, masks, layers, fingerprint=header.fingerprint, role="client", client_id="0",
+                            method="wanda", group=header.group, sparsity=header.sparsity, n_samples=header.n_samples,
+                            seed=0, extra={"dp": json.dumps(value, separators=(",", ":"))})
+            with pytest.raises(MaskFileError, match="x_dp"):
+                read_header(bad)
+    # the CLI refuses what it cannot account
+    base = ["client-mask", "--model", str(tiny_model_dir), "--calib", str(a), "--out", str(tmp_path / "x.safetensors")]
+    for bad in (["--dp-mechanism", "normalised", "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2"],
+                ["--dp-mechanism", "distributed", "--dp-public", str(public), "--dp-clients", "2",
+                 "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2"],
+                ["--dp-public", str(public), "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2"]):
+        assert main(base + bad) == 2
+        assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_membership_audit_of_the_normalised_mechanisms_stays_below_the_proven_epsilon(model):
+    from fedlib.privacy.dp_public import public_dp
+    from fedlib.privacy.stages.membership import membership_audit
+
+    pop = torch.randint(0, 128, (40, 8), generator=torch.Generator().manual_seed(3))
+    public = _ids(8, seqlen=8, seed=9)
+    kwargs = dict(targets=24, samples=4, pairs=4, blocks=1, pruning=Pruning(seed=0))
+    plain = membership_audit(model, pop, **kwargs)
+    assert plain["attack"]["epsilon_lr1"]["epsilon_lb"] > 0.5  # the check below can fail
+    for mechanism, clients in (("normalised", None), ("distributed", 2)):
+        private = membership_audit(model, pop, **kwargs, dp=public_dp(mechanism, 0.5, 1e-5, 2.0, 0, clients, public))
+        assert private["dp"]["epsilon"] == 0.5 and private["dp"]["releases"] == 4
+        for bound in ("epsilon_lr1", "epsilon_split"):
+            assert private["attack"][bound]["epsilon_lb"] <= 0.5
