@@ -79,7 +79,7 @@ def dp_target_from_args(args):
 
         return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip)
     from fedlib.data import load_tokens
-    from fedlib.privacy.dp_public import public_dp
+    from fedlib.privacy.dp_distributed import public_dp
 
     if args.dp_public is None:
         raise ValueError(f"--dp-mechanism {args.dp_mechanism} needs --dp-public (the public text's token file)")

@@ -458,20 +458,20 @@ def _dp_guarantee(value):
     :class:`fedlib.privacy.dp.DPGuarantee` names none; :mod:`fedlib.privacy.dp_public` and
     :mod:`fedlib.privacy.dp_distributed` name theirs), each of its type and range (``releases``
     and the accounting are checked against the layers later)."""
-    from fedlib.privacy import dp, dp_distributed, dp_public
+    from fedlib.privacy import ddg_accounting, dp, dp_public
 
     mechanism = value.get("mechanism") if isinstance(value, dict) else None
     fields = {None: dp.GUARANTEE_FIELDS, dp_public.NORMALISED: dp_public.NORMALISED_FIELDS,
-              dp_distributed.DISTRIBUTED: dp_distributed.DISTRIBUTED_FIELDS}.get(mechanism)
+              ddg_accounting.DISTRIBUTED: ddg_accounting.DISTRIBUTED_FIELDS}.get(mechanism)
     if fields is None:
-        raise ValueError(f"mechanism: expected {dp_public.NORMALISED!r} or {dp_distributed.DISTRIBUTED!r} (or none: "
+        raise ValueError(f"mechanism: expected {dp_public.NORMALISED!r} or {ddg_accounting.DISTRIBUTED!r} (or none: "
                          f"the Gaussian mechanism), got {_show(mechanism)}")
     if tuple(value) != fields:
         raise ValueError(f"expected a JSON object with exactly the keys {list(fields)} in that order, "
                          f"got {_show(list(value))}")
     positive = (lambda v: type(v) is float and 0 < v, "a positive finite float")
     count = (lambda v: type(v) is int and 1 <= v <= MAX_DIMENSION, f"an integer in 1..{MAX_DIMENSION}")
-    accountant = dp_distributed.ACCOUNTANT if mechanism == dp_distributed.DISTRIBUTED else dp.ACCOUNTANT
+    accountant = ddg_accounting.ACCOUNTANT if mechanism == ddg_accounting.DISTRIBUTED else dp.ACCOUNTANT
     checks = {  # key -> (check, what is expected)
         "epsilon": positive,
         "delta": (lambda v: type(v) is float and 0 < v < 1, "a float in (0, 1)"),
@@ -490,7 +490,7 @@ def _dp_guarantee(value):
             "public": (lambda v: isinstance(v, str) and re.fullmatch(r"\d+x\d+:sha256:[0-9a-f]{64}", v) is not None,
                        "<windows>x<tokens>:sha256:<64 hex digits> (the public text)"),
         })
-    if mechanism == dp_distributed.DISTRIBUTED:
+    if mechanism == ddg_accounting.DISTRIBUTED:
         checks.update({"clients": count, "grid": count})
     for key, (check, expected) in checks.items():
         if not check(value[key]):
@@ -676,7 +676,7 @@ def _check_method(header: MaskHeader) -> None:
                                                 f"the file claims {header.allocation!r}")
     if "dp" in header.extra:
         from fedlib.privacy.dp import count_releases, gaussian_delta
-        from fedlib.privacy.dp_distributed import DISTRIBUTED, rdp_epsilon
+        from fedlib.privacy.ddg_accounting import DISTRIBUTED, rdp_epsilon
 
         if header.method != "wanda" or json.loads(header.extra.get("method_options", "{}")):
             raise MaskFileError(path, "x_dp", f"DP masks are plain Wanda's, the file's method is {header.method!r} "

@@ -17,16 +17,8 @@ from fedlib.groups import prune_lowest
 from fedlib.methods.wanda import wanda_scores
 from fedlib.models import block_linears
 from fedlib.privacy.dp import calibrate_sigma, count_releases, input_key
-from fedlib.privacy.dp_distributed import (
-    GRID,
-    DistributedGuarantee,
-    DistributedTarget,
-    calibrate_distributed_sigma,
-    discrete_gaussian,
-    rdp_epsilon,
-    sensitivity_steps,
-    to_grid,
-)
+from fedlib.privacy.ddg_accounting import GRID, calibrate_distributed_sigma, rdp_epsilon, sensitivity_steps
+from fedlib.privacy.dp_distributed import DistributedGuarantee, DistributedTarget, discrete_gaussian
 from fedlib.privacy.dp_public import (
     NormalisedGuarantee,
     NormalisedTarget,
@@ -35,6 +27,7 @@ from fedlib.privacy.dp_public import (
     clip_rows,
     collecting_sink,
     federation_pass,
+    to_grid,
     tokens_digest,
 )
 
@@ -359,7 +352,7 @@ def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_gu
 
 
 def test_membership_audit_of_the_normalised_mechanisms_stays_below_the_proven_epsilon(model):
-    from fedlib.privacy.dp_public import public_dp
+    from fedlib.privacy.dp_distributed import public_dp
     from fedlib.privacy.stages.membership import membership_audit
 
     pop = torch.randint(0, 128, (40, 8), generator=torch.Generator().manual_seed(3))

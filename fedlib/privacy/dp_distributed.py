@@ -30,34 +30,29 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
-from functools import lru_cache
 
 import numpy as np
 import torch
 
+from fedlib.privacy.ddg_accounting import (
+    ACCOUNTANT,
+    DISTRIBUTED,
+    DISTRIBUTED_FIELDS,
+    GRID,
+    calibrate_distributed_sigma,
+    sensitivity_steps,
+)
 from fedlib.privacy.dp import count_releases
-from fedlib.privacy.dp_public import NORMALISED_FIELDS, Deviations, NormalisedGuarantee
+from fedlib.privacy.dp_public import (
+    NORMALISED,
+    Deviations,
+    NormalisedGuarantee,
+    NormalisedTarget,
+    PublicDP,
+)
 
-DISTRIBUTED = "distributed"
-ACCOUNTANT = "rdp-ddg"
-#: grid steps per clip bound: rounding adds sqrt(dim)/2 steps to a sample's norm, 1e-4 of 2^16
-GRID = 2**16
-#: header fields of a distributed mechanism's ``x_dp``, in the writer's order
-DISTRIBUTED_FIELDS = NORMALISED_FIELDS + ("clients", "grid")
-#: an upper bound on any release's dimension (the tau d term): 2^24 channels
-MAX_DIM = 2**24
 #: secure aggregation's ring: sums are exact modulo 2^64 while they stay below 2^62
 RING_BITS = 64
-
-
-def to_grid(rows: torch.Tensor, bound: float, grid: int) -> torch.Tensor:
-    """Clipped rows (norm <= ``bound``) as integer steps of bound / grid, rounded to nearest."""
-    return torch.round(rows * (grid / bound)).to(torch.int64)
-
-
-def sensitivity_steps(grid: int, dim: int) -> float:
-    """L2 sensitivity, in grid steps, of a sum of rounded clipped rows under replace-one."""
-    return 2.0 * grid + math.sqrt(dim)
 
 
 def discrete_gaussian(sigma: float, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -81,48 +76,6 @@ def discrete_gaussian(sigma: float, size: int, rng: np.random.Generator) -> np.n
     return out
 
 
-def tau_term(sigma: float, clients: int, grid: int, releases: int) -> float:
-    """The epsilon the discrete noise adds beyond a Gaussian's (module docstring), at most:
-    releases x MAX_DIM x 10 (K-1) exp(-pi^2 s^2), s >= sigma 2 grid / sqrt(K) the smallest
-    per-client std in steps."""
-    if clients < 2:
-        return 0.0
-    s = sigma * 2.0 * grid / math.sqrt(clients)
-    return releases * MAX_DIM * 10 * (clients - 1) * math.exp(-math.pi**2 * s * s)
-
-
-def _composed_event(sigma: float, releases: int):
-    import dp_accounting
-
-    return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), releases)
-
-
-@lru_cache(maxsize=256)
-def rdp_epsilon(sigma: float, releases: int, delta: float, clients: int, grid: int = GRID) -> float:
-    """Epsilon at ``delta`` of the distributed discrete Gaussian sum over ``releases`` releases."""
-    from dp_accounting.rdp import RdpAccountant
-
-    accountant = RdpAccountant()
-    accountant.compose(_composed_event(sigma, releases))
-    return float(accountant.get_epsilon(delta)) + tau_term(sigma, clients, grid, releases)
-
-
-@lru_cache(maxsize=256)
-def calibrate_distributed_sigma(epsilon: float, delta: float, releases: int, clients: int, grid: int = GRID) -> float:
-    """The smallest multiplier (to 1e-6) whose distributed sum is (epsilon, delta)-DP by RDP."""
-    import dp_accounting
-    from dp_accounting.rdp import RdpAccountant
-
-    if not (math.isfinite(epsilon) and epsilon > 0 and 0 < delta < 1 and releases >= 1 and clients >= 1):
-        raise ValueError(f"distributed DP needs 0 < epsilon < inf, 0 < delta < 1, releases >= 1, clients >= 1; "
-                         f"got epsilon={epsilon}, delta={delta}, releases={releases}, clients={clients}")
-    sigma = float(dp_accounting.calibrate_dp_mechanism(RdpAccountant, lambda s: _composed_event(s, releases),
-                                                       epsilon, delta))
-    while rdp_epsilon(sigma, releases, delta, clients, grid) > epsilon:
-        sigma *= 1 + 1e-6
-    return sigma
-
-
 @dataclass(frozen=True)
 class DistributedGuarantee(NormalisedGuarantee):
     """What the server's mask from the secure sum proves, against the server: (epsilon,
@@ -142,6 +95,11 @@ class DistributedGuarantee(NormalisedGuarantee):
     def noise_std(self, bound: float, dim: int) -> float:
         """The std of the summed noise per coordinate, in the statistic's units."""
         return self.sigma * sensitivity_steps(self.grid, dim) * bound / self.grid
+
+    def secure_sum(self, release, key: str, stats: Sequence[Deviations]) -> torch.Tensor:
+        """:func:`secure_noisy_sum` (:func:`fedlib.privacy.dp_public.federation_pass` calls it
+        through the guarantee, so that module need not import this one)."""
+        return secure_noisy_sum(release, key, stats)
 
 
 @dataclass(frozen=True)
@@ -191,8 +149,8 @@ def secure_noisy_sum(release, key: str, stats: Sequence[Deviations]) -> torch.Te
     dim, bound = stats[0].prior.dim, stats[0].bound
     std = g.client_std(dim)
     if release.secagg_round is None:
-        release.secagg_round = setup_round(g.clients, seed=release.secagg_seed, bits=RING_BITS)
-    clients, server = release.secagg_round
+        release.secagg_round = (*setup_round(g.clients, seed=release.secagg_seed, bits=RING_BITS), None)
+    clients, server, reveals = release.secagg_round
     label = f"{release.label}:{key}"
     limit = 2**62 // g.clients
     uploads = {}
@@ -202,7 +160,25 @@ def secure_noisy_sum(release, key: str, stats: Sequence[Deviations]) -> torch.Te
         if np.abs(value).max(initial=0) >= limit:
             raise OverflowError(f"release {label}: a client's noisy sum leaves the 2^64 ring's safe range")
         uploads[c] = clients[c].masked_words(label, value.astype(np.uint64))
-    survivors = sorted(uploads)
-    reveals = {j: clients[j].reveal(survivors) for j in survivors}
+    if reveals is None:  # nobody drops out of the simulated federation: the survivors are every client
+        survivors = sorted(uploads)
+        reveals = {j: clients[j].reveal(survivors) for j in survivors}
+        release.secagg_round = (clients, server, reveals)
     total = server.unmask_words(label, uploads, reveals).view(np.int64)
     return torch.from_numpy(total.astype(np.float64) * (bound / g.grid))
+
+
+def public_dp(mechanism: str, epsilon: float, delta: float, clip: float, basis: int, clients: int | None,
+              public_ids: torch.Tensor) -> PublicDP:
+    """``--dp-mechanism normalised|distributed`` with its public text."""
+    if mechanism == NORMALISED:
+        if clients is not None:
+            raise ValueError("--dp-clients: the normalised mechanism is one client's (distributed shares the noise)")
+        if not math.isfinite(epsilon):
+            raise ValueError("--dp-mechanism normalised needs a finite --dp-epsilon (without DP, omit --dp-epsilon)")
+        return PublicDP(NormalisedTarget(epsilon, delta, clip, basis), public_ids)
+    if mechanism == DISTRIBUTED:
+        if clients is None:
+            raise ValueError("--dp-mechanism distributed needs --dp-clients (how many clients share the noise)")
+        return PublicDP(DistributedTarget(epsilon, delta, clip, basis, clients), public_ids)
+    raise ValueError(f"unknown DP mechanism {mechanism!r}; known: gaussian, {NORMALISED}, {DISTRIBUTED}")

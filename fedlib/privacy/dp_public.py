@@ -39,7 +39,8 @@ keeps the weight small.
 Accounting: ``releases`` Gaussian mechanisms of noise multiplier sigma (std / sensitivity), PLD
 as in :mod:`fedlib.privacy.dp`; the public text and the public mask are constants. The distributed
 mechanism (the sum of every client's statistic under secure aggregation, each client adding
-1/sqrt(K) of the noise) is in :mod:`fedlib.privacy.dp_distributed`; both run in :func:`federation_pass`.
+1/sqrt(K) of the noise) is in :mod:`fedlib.privacy.dp_distributed` (which imports this module, not
+the reverse; :func:`fedlib.privacy.dp_distributed.public_dp` builds either); both run in :func:`federation_pass`.
 """
 
 from __future__ import annotations
@@ -57,7 +58,13 @@ from fedlib.client import Pruning, decide_block, resolve_method
 from fedlib.groups import seeded_generator
 from fedlib.methods.base import LayerPruner
 from fedlib.methods.wanda import WandaPruner, wanda_scores
-from fedlib.privacy.dp import ACCOUNTANT, NEIGHBOURS, calibrate_sigma, count_releases, input_key
+from fedlib.privacy.dp import (
+    ACCOUNTANT,
+    NEIGHBOURS,
+    calibrate_sigma,
+    count_releases,
+    input_key,
+)
 from fedlib.runner import BlockDecision, BlockRunner
 
 #: the mechanisms of this module's family (``x_dp``'s ``mechanism``)
@@ -212,10 +219,13 @@ class Deviations:
         rep = clip_rows(self.prior.represent(energies, tokens), self.bound)
         self.sum += rep.sum(dim=0)
         if self.grid_sum is not None:
-            from fedlib.privacy.dp_distributed import to_grid
-
             self.grid_sum += to_grid(rep, self.bound, self.view.grid).sum(dim=0)
         self.n_samples += rep.shape[0]
+
+
+def to_grid(rows: torch.Tensor, bound: float, grid: int) -> torch.Tensor:
+    """Clipped rows (norm <= ``bound``) as integer steps of bound / grid, rounded to nearest."""
+    return torch.round(rows * (grid / bound)).to(torch.int64)
 
 
 class ClippedDeviations(LayerPruner):
@@ -345,7 +355,8 @@ class Release:
     sink: Callable[[int | None, int, BlockDecision], None]
     shared: bool = False
     secagg_seed: int | None = 0
-    #: the SecAgg round's (clients, server), set up at the first sum
+    #: the SecAgg round's (clients, server, reveals), set up at the first sum: one round masks
+    #: every statistic of the pass (a vector per input), and each client reveals its shares once
     secagg_round: tuple | None = None
 
 
@@ -363,8 +374,6 @@ def federation_pass(
     release's masks from them, block by block: the public masks go to ``public_sink``, each
     release's to its sink; every mask is Wanda's as ``pruning`` says (its sparsity, group, seed,
     batch size and placement). ``blocks``: only blocks 0..blocks-1."""
-    from fedlib.privacy.dp_distributed import secure_noisy_sum
-
     runner = BlockRunner(model, [public_ids, *clients_ids], pruning.placement, pruning.batch_size)
     views = {View.of(r.guarantee) for r in releases}
     moments = max((v.basis for v in views), default=0)
@@ -390,7 +399,7 @@ def federation_pass(
                 estimates = {}
                 for key in keys:
                     parts = [c[key][view] for c in collected]
-                    total = secure_noisy_sum(release, key, parts)
+                    total = g.secure_sum(release, key, parts)
                     prior = parts[0].prior
                     estimates[key] = shrunk_energies(prior, total, sum(p.n_samples for p in parts),
                                                      g.noise_std(parts[0].bound, prior.dim))
@@ -476,21 +485,3 @@ class PublicDP:
             raise ValueError(f"DP masks are plain Wanda's, not {pruning.method!r} with options {pruning.options}")
         federation_pass(model, self.public_ids, parts, pruning, [release], blocks=blocks)
         return next(iter(store.values()), {})
-
-
-def public_dp(mechanism: str, epsilon: float, delta: float, clip: float, basis: int, clients: int | None,
-              public_ids: torch.Tensor) -> PublicDP:
-    """``--dp-mechanism normalised|distributed`` with its public text."""
-    from fedlib.privacy.dp_distributed import DISTRIBUTED, DistributedTarget
-
-    if mechanism == NORMALISED:
-        if clients is not None:
-            raise ValueError("--dp-clients: the normalised mechanism is one client's (distributed shares the noise)")
-        if not math.isfinite(epsilon):
-            raise ValueError("--dp-mechanism normalised needs a finite --dp-epsilon (without DP, omit --dp-epsilon)")
-        return PublicDP(NormalisedTarget(epsilon, delta, clip, basis), public_ids)
-    if mechanism == DISTRIBUTED:
-        if clients is None:
-            raise ValueError("--dp-mechanism distributed needs --dp-clients (how many clients share the noise)")
-        return PublicDP(DistributedTarget(epsilon, delta, clip, basis, clients), public_ids)
-    raise ValueError(f"unknown DP mechanism {mechanism!r}; known: gaussian, {NORMALISED}, {DISTRIBUTED}")

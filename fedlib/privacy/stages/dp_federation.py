@@ -19,8 +19,16 @@ from pathlib import Path
 import torch
 
 from fedlib.client import Pruning
-from fedlib.privacy.dp_distributed import DISTRIBUTED, DistributedTarget
-from fedlib.privacy.dp_public import NORMALISED, NormalisedTarget, Release, _seed_of, federation_pass, tokens_digest
+from fedlib.privacy.ddg_accounting import DISTRIBUTED
+from fedlib.privacy.dp_distributed import DistributedTarget
+from fedlib.privacy.dp_public import (
+    NORMALISED,
+    NormalisedTarget,
+    Release,
+    _seed_of,
+    federation_pass,
+    tokens_digest,
+)
 
 SECAGG_ID = "secagg"
 
