@@ -460,7 +460,9 @@ def _dp_guarantee(value):
     and the accounting are checked against the layers later)."""
     from fedlib.privacy import ddg_accounting, dp, dp_public
 
-    mechanism = value.get("mechanism") if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object (the mechanism's guarantee), got {_show(value)}")
+    mechanism = value.get("mechanism")
     fields = {None: dp.GUARANTEE_FIELDS, dp_public.NORMALISED: dp_public.NORMALISED_FIELDS,
               ddg_accounting.DISTRIBUTED: ddg_accounting.DISTRIBUTED_FIELDS}.get(mechanism)
     if fields is None:

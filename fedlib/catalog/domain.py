@@ -78,6 +78,15 @@ class DomainCatalog:
     def shard(self, kind: str, seed, client: int) -> str:
         return f"{self.base}/{kind}/s{seed}/shards/client_{client}.safetensors"
 
+    def mask_calib(self, kind: str, seed, which: str) -> list[str]:
+        """The calibration files of a plain Wanda mask of the study: Centralized (the pool), the
+        public + private mix (the pool and the public text) or ``client_<i>`` (its shard)."""
+        if which == "central":
+            return [self.pool(kind, seed)]
+        if which == "mix":
+            return [self.pool(kind, seed), self.pool("public", seed)]
+        return [self.shard(kind, seed, int(which.removeprefix("client_")))]
+
     def eval_windows(self, dataset: str) -> str:
         return f"{self.base}/eval_windows/{dataset}.safetensors"
 

@@ -60,20 +60,11 @@ rule domain_shard:
         "--partition iid --seed {wildcards.dseed} --out {output} > {log} 2>&1"
 
 
-def domain_calib(wc):
-    """The calibration files of a plain Wanda mask of the study."""
-    if wc.which == "central":
-        return [DOMAIN.pool(wc.kind, wc.dseed)]
-    if wc.which == "mix":
-        return [DOMAIN.pool(wc.kind, wc.dseed), DOMAIN.pool("public", wc.dseed)]
-    return [DOMAIN.shard(wc.kind, wc.dseed, int(wc.which.removeprefix("client_")))]
-
-
 rule domain_mask:
     """Plain Wanda: Centralized (the pool), the public + private mix, or one client (its shard)."""
     input:
         model=MODEL_READY,
-        calib=domain_calib,
+        calib=lambda wc: DOMAIN.mask_calib(wc.kind, wc.dseed, wc.which),
     output:
         f"{DOMAIN_BASE}/{{kind}}/s{{dseed}}/sp{{dsp}}/{{which}}.mask.safetensors",
     log:
@@ -282,9 +273,10 @@ rule domain_dense_eval:
         gpu=MODEL_JOB_GPUS,
     params:
         model=model_folder,
+        device=DEVICE,
     shell:
         "python -m fedlib evaluate --model {params.model} --windows {input.windows} --label dense-{wildcards.dtype} "
-        "--batch-size 1 --device {DEVICE} --dtype {wildcards.dtype} --threads {threads} --out {output} > {log} 2>&1"
+        "--batch-size 1 --device {params.device} --dtype {wildcards.dtype} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule domain_membership:

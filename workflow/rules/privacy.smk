@@ -668,12 +668,12 @@ for _analysis in PRIVACY_TARGETS:
             conda:
                 "../../envs/fedlib.yaml"
             params:
-                # the verb is a param, not part of an f-string: Snakemake evaluates a rule's shell
+                # the command is a param, not part of an f-string: Snakemake evaluates a rule's shell
                 # expression again when the job runs, when the loop variables hold their last values
-                verb=_analysis.report,
+                command=f"privacy {_analysis.report}",
                 spec=json.dumps(PRIVACY.report_spec(_analysis.target, _size)),
             shell:
-                "python -m fedlib privacy {params.verb} --spec {params.spec:q} > {log} 2>&1"
+                "python -m fedlib {params.command} --spec {params.spec:q} > {log} 2>&1"
 
         rule:
             name:
