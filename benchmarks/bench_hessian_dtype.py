@@ -19,7 +19,7 @@ import time
 import torch
 
 from bench_precision import variant
-from common import DATA_DIR, write
+from common import DATA_DIR, mask_agreement, write
 from fedlib.client import Pruning, prune_locally
 from fedlib.data import calibration_windows, evaluation_windows
 from fedlib.evaluate.perplexity import perplexity
@@ -69,8 +69,7 @@ def main() -> None:
             results[dtype] = prune_locally(handle, calib, pruning)
             seconds[dtype] = time.perf_counter() - start
         masks = {dtype: r.masks for dtype, r in results.items()}
-        total = sum(m.numel() for m in masks["float64"].values())
-        agree = sum(int((masks["float64"][n] == masks["float32"][n]).sum()) for n in masks["float64"])
+        agree, total = mask_agreement(masks["float64"], masks["float32"])
         ppl = {dtype: perplexity(handle, windows, batch_size=4, variant=pruned(r))["ppl"] for dtype, r in results.items()}
         record = {
             "method": method, "group": args.group, "sparsity": args.sparsity, "weights": total,

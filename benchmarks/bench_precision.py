@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from common import DATA_DIR, write
+from common import DATA_DIR, mask_agreement, write
 from fedlib.data import calibration_windows, evaluation_windows
 from fedlib.evaluate.perplexity import perplexity
 from fedlib.models import load_tokenizer, open_model
@@ -59,8 +59,7 @@ def main() -> None:
             pruning = Pruning(method, args.sparsity, group, 0, batch_size=4, placement=placement)
             masks[label] = prune_locally(handle, calib, pruning).masks
             seconds[label] = time.perf_counter() - start
-        total = sum(m.numel() for m in masks["float32"].values())
-        agree = sum(int((masks["float32"][n] == masks["bfloat16"][n]).sum()) for n in masks["float32"])
+        agree, total = mask_agreement(masks["float32"], masks["bfloat16"])
         ppl = {label: perplexity(handle, windows, batch_size=4, variant=variant(m))["ppl"] for label, m in masks.items()}
         ppl_bf16_eval = perplexity(handle, windows, batch_size=4, placement=bf16, variant=variant(masks["bfloat16"]))["ppl"]
         record = {

@@ -32,6 +32,13 @@ def timed(func, repeats: int) -> list[float]:
     return seconds
 
 
+def mask_agreement(reference: dict, other: dict) -> tuple[int, int]:
+    """(weights whose keep/prune decision agrees, weights) between two {layer: mask} dicts."""
+    total = sum(m.numel() for m in reference.values())
+    agree = sum(int((reference[n] == other[n]).sum()) for n in reference)
+    return agree, total
+
+
 def machine() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine()}
