@@ -190,6 +190,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4, help="host threads per process")
     parser.add_argument("--skip-agreement", action="store_true", help="no host-vs-device block-0 masks")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--source-commit", default=None,
+                        help="the commit measured, where the checkout has no .git (a copy on a GPU machine)")
     args = parser.parse_args()
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -202,32 +204,12 @@ def main() -> None:
     start = time.perf_counter()
     build = build_checkpoint(folder, shape, device="cuda" if dev.type == "cuda" else "cpu")
     build_seconds = time.perf_counter() - start
-    runs = {}
-    with tempfile.TemporaryDirectory(dir=SCALE_DIR) as tmp:
-        work = Path(tmp)
-        calib = {}
-        for n in (args.small, args.large):
-            (work / str(n)).mkdir()
-            calib[n] = calib_file(work / str(n), 0, n, args.seqlen, shape["vocab_size"])
-        for method in args.methods:
-            for n in (args.small, args.large):
-                key = f"{method} {n}x{args.seqlen}"
-                runs[key] = client(folder, calib[n], work / f"{method}-{n}.mask.safetensors", method, args, key,
-                                   args.device, args.dtype)
-        mask = work / f"wanda-{args.large}.mask.safetensors"
-        from fedlib.data import save_tokens
-
-        windows = work / "windows.safetensors"
-        gen = torch.Generator().manual_seed(7)
-        save_tokens(windows, torch.randint(0, shape["vocab_size"], (args.eval_windows, args.seqlen), generator=gen),
-                    dataset="wikitext2", total_windows=args.eval_windows)
-        evaluation = evaluate(folder, windows, mask, args) if mask.is_file() else None
-        agreement = None if args.skip_agreement else block0_agreement(folder, calib[args.small], work, args)
     size = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
     # a batch's activations: the block input, its MLP's widest intermediate, and the output kept
     width = 2 * shape["hidden_size"] + 2 * shape["intermediate_size"]
     activation_bytes = args.batch_size * args.seqlen * width * size
     block = block_bytes(folder)
+    runs = {}
     record = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -236,15 +218,46 @@ def main() -> None:
         "block_bytes": block, "activation_bytes_per_batch": activation_bytes,
         "build": {"seconds_this_run": round(build_seconds, 1), "drawn_on": build.get("device", "cpu"),
                   "bytes": build["bytes"]},
-        "runs": runs, "evaluate": evaluation, "block0_host_vs_device": agreement,
-        "goals": goals(runs, block, activation_bytes, args),
+        "runs": runs, "evaluate": None, "block0_host_vs_device": None,
         "note": "random weights: time and memory only; busy = mean nvidia-smi utilization.gpu over the block loop",
+        **({"commit": args.source_commit} if args.source_commit else {}),
     }
+
+    def save(complete: bool) -> None:
+        # written after every stage, so a run stopped at a device's time limit keeps what it measured
+        record.update(goals=goals(runs, block, activation_bytes, args), complete=complete)
+        if not args.no_write:
+            write("gpu", record)
+
+    with tempfile.TemporaryDirectory(dir=SCALE_DIR) as tmp:
+        work = Path(tmp)
+        calib = {}
+        for n in (args.small, args.large):
+            (work / str(n)).mkdir()
+            calib[n] = calib_file(work / str(n), 0, n, args.seqlen, shape["vocab_size"])
+        # cheapest first: Wanda, its evaluation and the host check come before SparseGPT's long runs
+        for method in args.methods:
+            for n in (args.small, args.large):
+                key = f"{method} {n}x{args.seqlen}"
+                runs[key] = client(folder, calib[n], work / f"{method}-{n}.mask.safetensors", method, args, key,
+                                   args.device, args.dtype)
+                save(False)
+            mask = work / f"wanda-{args.large}.mask.safetensors"
+            if method == "wanda" and mask.is_file():
+                from fedlib.data import save_tokens
+
+                windows = work / "windows.safetensors"
+                gen = torch.Generator().manual_seed(7)
+                save_tokens(windows, torch.randint(0, shape["vocab_size"], (args.eval_windows, args.seqlen),
+                                                   generator=gen), dataset="wikitext2", total_windows=args.eval_windows)
+                record["evaluate"] = evaluate(folder, windows, mask, args)
+                if not args.skip_agreement:
+                    record["block0_host_vs_device"] = block0_agreement(folder, calib[args.small], work, args)
+                save(False)
     for name, row in record["goals"].items():
         print(f"  goal {name}: {row['measured']} (goal {row['goal']}): "
               f"{'met' if row['met'] else 'NOT met' if row['met'] is False else 'not measured'}")
-    if not args.no_write:
-        write("gpu", record)
+    save(True)
 
 
 if __name__ == "__main__":
