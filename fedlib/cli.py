@@ -338,7 +338,7 @@ def cmd_evaluate(args) -> None:
 
     start = time.perf_counter()
     handle, placement = open_placed(args)
-    variant = Variant(handle, args.mask, args.scale, args.weights)
+    variant = Variant(handle, args.mask, args.scale, args.weights, device=placement.device)
     loaded = [load_tokens(Path(path)) for path in args.windows]
     rows, sparsity = perplexities(handle, [ids for ids, _ in loaded], args.batch_size, placement=placement,
                                   variant=variant.decision)

@@ -101,10 +101,30 @@ def pack_bits_torch(mask: torch.Tensor) -> torch.Tensor:
     return (octets * place).sum(dim=1, dtype=torch.uint8)
 
 
-def unpack_bits(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    count = math.prod(shape)
-    bits = np.unpackbits(packed.numpy(), count=count, bitorder="little")
-    return torch.from_numpy(bits.astype(bool)).reshape(tuple(shape))
+def unpack_bits(packed: torch.Tensor, shape: Sequence[int], device: torch.device | None = None) -> torch.Tensor:
+    """The mask :func:`pack_bits` packed, of ``shape``: unpacked on the host, or on ``device``
+    (only the packed eighth crosses to it)."""
+    if device is not None and device.type != "cpu":
+        return unpack_bits_torch(packed.to(device), shape)
+    bits = np.unpackbits(packed.numpy(), count=math.prod(shape), bitorder="little")
+    return torch.from_numpy(bits.view(bool)).reshape(tuple(shape))  # 0/1 bytes are bools: no copy
+
+
+def unpack_bits_torch(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """:func:`unpack_bits` in torch operations, on the packed bytes' device."""
+    place = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8).to(device=packed.device)
+    bits = (packed.reshape(-1, 1) & place) != 0
+    return bits.reshape(-1)[: math.prod(shape)].reshape(tuple(shape))
+
+
+def count_true(mask: torch.Tensor, dim: int | None = None):
+    """How many entries of a boolean mask are true (an int), or along ``dim`` (a tensor). On the
+    host this is numpy's count: torch's bool sum there is about 50x slower, which made reading
+    a 7B mask file's checks cost more than the forward passes they guard."""
+    if mask.device.type != "cpu":
+        return int(mask.sum()) if dim is None else mask.sum(dim)
+    bits = mask.numpy()
+    return int(np.count_nonzero(bits)) if dim is None else torch.from_numpy(np.count_nonzero(bits, axis=dim))
 
 
 @dataclass
@@ -236,7 +256,7 @@ class MaskWriter:
 
             buckets = self.reference.buckets(name, self.group)
             self.coded[name] = (encode_layer(mask, buckets), layer_digest(name, self.group, buckets))
-        self.pruned[name] = int(mask.sum())
+        self.pruned[name] = count_true(mask)
         if votes is not None:
             self.writer.add(f"votes:{name}", votes.to("cpu", self.votes_dtype).contiguous())
 
@@ -896,7 +916,9 @@ class MaskFile:
             raise MaskFileError(self.path, key, f"{got} of its {nbytes} bytes: the file changed since its header was read")
         return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
 
-    def layer_mask(self, name: str) -> torch.Tensor:
+    def layer_mask(self, name: str, device: torch.device | None = None) -> torch.Tensor:
+        """The layer's mask, checked; unpacked on ``device`` (default: the host) where the file
+        holds packed bits, so that a GPU evaluation moves and checks one eighth of it."""
         layer = self._shapes[name]
         shape = layer["shape"]
         packed = self._tensor(f"mask:{name}")  # uint8, (numel + 7) // 8 bytes (v1): the header says so
@@ -907,12 +929,13 @@ class MaskFile:
                 mask = decode_layer(packed, self.reference.buckets(name, self.header.group), self.header.group)
             except ValueError as err:
                 raise MaskFileError(self.path, f"mask:{name}", str(err)) from None
+            mask = mask.to(device) if device is not None else mask
         else:
-            mask = unpack_bits(packed, shape)
             spare = packed.numel() * 8 - math.prod(shape)
             if spare and int(packed[-1]) >> (8 - spare):
                 raise MaskFileError(self.path, f"mask:{name}", "padding bits are not zero")
-        pruned = int(mask.sum())
+            mask = unpack_bits(packed, shape, device)
+        pruned = count_true(mask)
         if pruned != layer["pruned"]:
             raise MaskFileError(
                 self.path, f"mask:{name}",
@@ -930,11 +953,11 @@ class MaskFile:
         group, rows = header.group, mask.shape[0]
         if group not in GROUPS:
             n, m = parse_nm(group)
-            counts, want, what = mask.reshape(rows, -1, m).sum(-1).reshape(-1), n, f"{group} prunes {n} of every {m}"
+            counts, want, what = count_true(mask.reshape(rows, -1, m), -1).reshape(-1), n, f"{group} prunes {n} of every {m}"
         elif group == "layer" or (header.allocation == "nonuniform" and header.role != "client"):
             return  # one group, or the server's own per-group expansion (FedSpaLLM)
         else:
-            counts = mask.sum(1) if group == "row" else mask.sum(0)
+            counts = count_true(mask, 1 if group == "row" else 0)
             if header.allocation == "uniform":
                 want = pruned_count(mask.shape[1] if group == "row" else rows, header.sparsity)
                 what = f"a uniform {header.sparsity} mask prunes {want} in every {group}"
@@ -953,6 +976,7 @@ class MaskFile:
         top-k, FedSpaLLM's expansion; a defence records a monotone map of the counts it saw)."""
         key = f"votes:{name}"
         votes = self._tensor(key)  # votes_dtype(n_clients), the layer's shape: the header says so
+        votes = votes if mask is None else votes.to(mask.device)  # checked where the mask is
         if int(votes.min()) < 0 or int(votes.max()) > self.header.n_clients:
             raise MaskFileError(self.path, key, f"vote counts outside 0..{self.header.n_clients}")
         mask = self.layer_mask(name) if mask is None else mask

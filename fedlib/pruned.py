@@ -26,15 +26,16 @@ from fedlib.server.fedprllm import scale_factors
 
 class Variant:
     """The base model with a mask file (optionally with weight scaling) or a FedSpaLLM weight
-    file applied; both files are checked against the base model's fingerprint and layers."""
+    file applied; both files are checked against the base model's fingerprint and layers.
+    ``device``: where masks are unpacked and checked (the evaluation's device)."""
 
     def __init__(self, handle: ModelHandle, mask: str | Path | None = None, scale: bool = False,
-                 weights: str | Path | None = None):
+                 weights: str | Path | None = None, device: torch.device | None = None):
         if scale and not mask:
             raise ValueError("--scale needs --mask (a global mask file with vote counts)")
         if mask and weights:
             raise ValueError("give either --mask or --weights, not both")
-        self.scale = scale
+        self.scale, self.device = scale, device
         self.mask_file = self.weight_file = None
         self.by_block: dict[int, list[str]] = defaultdict(list)
         layers = handle.layers()
@@ -68,7 +69,7 @@ class Variant:
         """What the variant applies to the linears ``names`` (read from its file now)."""
         if self.weight_file is not None:
             return BlockDecision(masks={}, weights={n: self.weight_file.layer_weight(n) for n in names})
-        decision = BlockDecision(masks={n: self.mask_file.layer_mask(n) for n in names})
+        decision = BlockDecision(masks={n: self.mask_file.layer_mask(n, self.device) for n in names})
         if self.scale:
             n_clients = self.mask_file.header.n_clients
             decision.factors = {n: scale_factors(self.mask_file.layer_votes(n, decision.masks[n]), n_clients)

@@ -8,7 +8,8 @@ import torch
 from safetensors import safe_open
 
 from fedlib.io import write_safetensors
-from fedlib.maskfile import MaskFile, MaskFileError, pack_bits, read_header, unpack_bits, write_mask_file
+from fedlib.maskfile import (MaskFile, MaskFileError, count_true, pack_bits, pack_bits_torch, read_header, unpack_bits,
+                             unpack_bits_torch, write_mask_file)
 from fedlib.models import fingerprint, prunable_layers
 from fedlib.client import Pruning, prune_locally
 
@@ -23,9 +24,30 @@ def test_pack_round_trip(shape):
     assert torch.equal(unpack_bits(packed, shape), mask)
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (8, 8), (7, 13)])
+def test_torch_packing_equals_numpy_packing(shape):
+    """The device path (torch ops) packs and unpacks the same bytes as the host path (numpy)."""
+    mask = torch.rand(shape) < 0.5
+    assert torch.equal(pack_bits_torch(mask), pack_bits(mask))
+    assert torch.equal(unpack_bits_torch(pack_bits(mask), shape), mask)
+
+
+@pytest.mark.parametrize("dim", [None, 0, 1])
+def test_count_true_equals_a_python_count(dim):
+    mask = torch.rand(6, 9) < 0.3
+    rows = mask.tolist()
+    if dim is None:
+        assert count_true(mask) == sum(map(sum, rows))
+    elif dim == 1:
+        assert count_true(mask, 1).tolist() == [sum(row) for row in rows]
+    else:
+        assert count_true(mask, 0).tolist() == [sum(col) for col in zip(*rows)]
+
+
 def test_bit_order_is_documented_lsb_first():
     mask = torch.tensor([[True, False, False, False, False, False, False, False, False, True]])
     assert pack_bits(mask).tolist() == [1, 2]
+    assert unpack_bits_torch(torch.tensor([1, 2], dtype=torch.uint8), (1, 10)).tolist() == mask.tolist()
 
 
 def _client_file(model, path, sparsity=0.5, group="row", client_id="0", masks=None, method="wanda", **kw):

@@ -93,7 +93,7 @@ def zeroshot_variant(model_dir: str, tasks, data_dir: Path | None, limit: int | 
     sizes = split_sizes(tasks, data_dir)  # fails on a missing task file before any model work
     placement = Placement.resolve(device, dtype)
     handle = open_model(model_dir, placement.dtype)
-    variant = Variant(handle, mask, scale, weights)
+    variant = Variant(handle, mask, scale, weights, device=placement.device)
     base_fingerprint = handle.fingerprint()
     model = place_model(handle, placement, variant.decision)
     raw, names = run_harness(model, load_tokenizer(model_dir), tasks, data_dir=data_dir, limit=limit,
