@@ -158,6 +158,40 @@ def flower(data: dict) -> str:
     return "\n".join(lines)
 
 
+def gpu(data: dict, evaluate: dict) -> str:
+    """Client masks and evaluation at the 7B shape on one GPU (benchmarks/bench_gpu.py), and
+    `evaluate` against an earlier checkout on the same machine (benchmarks/bench_gpu_evaluate.py)."""
+    def figure(value, unit=""):
+        return "not measured" if value is None else f"{value:g}{unit}"
+
+    lines = [f"{data['device']}, torch {data['torch']}, {data['shape']} shape in {data['compute_dtype']}, "
+             f"client batch {data['batch_size']}; {data['note']}. Commit {data.get('commit', '?')}"
+             + ("" if data.get("complete") else " (the run stopped at its time limit: the rows below are all it "
+                                                 "measured)") + ".", "",
+             "| run | s after the model is open | s per block | GPU busy | device peak | host peak |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {key} | {r['seconds_after_open']:.1f} | {r['seconds_per_block']:.2f} | {figure(r['busy_fraction'])} "
+              f"| {figure(r['device_peak_gib'], ' GiB')} | {r['peak_rss_mib']:,.0f} MiB |"
+              for key, r in data["runs"].items()]
+    e, agree = data.get("evaluate"), data.get("block0_host_vs_device")
+    if e:
+        lines += ["", f"- `evaluate`, {e['windows']} × {e['seqlen']} windows with the Wanda 128 × 2048 mask: "
+                      f"{e['seconds']:.1f} s for the process, GPU busy {figure(e['busy_fraction'])}."]
+    if agree:
+        lines += [f"- Block 0's masks from the same {agree['tokens']} tokens on the host and on the GPU "
+                  f"({agree['dtype']}): {agree['differ']:,} of {agree['weights']:,} weights decided differently."]
+    lines += ["- Goals: " + "; ".join(f"{name} {figure(g['measured'])} (goal {g['goal']:g}: "
+                                      f"{'met' if g['met'] else 'not met' if g['met'] is False else 'not measured'})"
+                                      for name, g in data["goals"].items()) + "."]
+    rows = {side: [r for r in evaluate["rows"] if r["side"] == side] for side in ("baseline", "this")}
+    base, this = rows["baseline"][0], rows["this"][0]
+    lines += [f"- `evaluate` ({evaluate['windows']} windows, {evaluate['device']}), commit {evaluate.get('commit', '?')} "
+              f"against {evaluate['baseline']} on the same machine: {base['seconds']:.1f} s → {this['seconds']:.1f} s "
+              f"for the process (**{evaluate['baseline_over_this']:.2f}×**), {base['reported_seconds']:.1f} s → "
+              f"{this['reported_seconds']:.1f} s as it reports itself, the same perplexity."]
+    return "\n".join(lines)
+
+
 def perplexity(data: dict) -> str:
     """`fedlib evaluate`'s perplexity path vs a bare forward (benchmarks/bench_perplexity.py)."""
     lines = []
@@ -479,6 +513,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "workflow": (REPO / "benchmarks/results/workflow.json", workflow),
     "secagg": (REPO / "benchmarks/results/secagg.json", secagg),
     "flower": (REPO / "benchmarks/results/flower.json", flower),
+    "gpu": ((REPO / "benchmarks/results/gpu.json", REPO / "benchmarks/results/gpu_evaluate.json"), gpu),
     "perplexity": (REPO / "benchmarks/results/perplexity.json", perplexity),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),
