@@ -43,16 +43,24 @@ def test_the_next_block_is_read_while_the_current_one_computes(tiny_model_dir):
     """A lazy model's block l+1 is read from the checkpoint (on another thread) before the
     caller is done with block l; the masks are those of the plain sequential reads."""
     handle = open_model(str(tiny_model_dir))
-    events, read = [], handle.block_tensors
+    events, read, second_read = [], handle.block_tensors, threading.Event()
 
     def recorded(index, pinned=False):
         events.append(("read", index, threading.current_thread() is threading.main_thread()))
+        if index == 1:
+            second_read.set()
         return read(index, pinned)
+
+    def done(index, _decision):
+        # block 0's caller waits (bounded) for the read of block 1 to start: it was submitted
+        # before block 0 computed, and a loaded machine may only schedule its thread later
+        if index == 0:
+            second_read.wait(timeout=30)
+        events.append(("done", index, True))
 
     handle.block_tensors = recorded
     ids = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(0))
-    got = prune_locally(handle, ids, Pruning("wanda", 0.5, "row", 0),
-                        on_block=lambda index, _d: events.append(("done", index, True)))
+    got = prune_locally(handle, ids, Pruning("wanda", 0.5, "row", 0), on_block=done)
     assert events.index(("read", 1, False)) < events.index(("done", 0, True))
     assert all(not main_thread for kind, _i, main_thread in events if kind == "read")
     reference = prune_locally(open_model(str(tiny_model_dir)).load_all(), ids, Pruning("wanda", 0.5, "row", 0))
