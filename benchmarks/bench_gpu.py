@@ -116,16 +116,18 @@ def client(folder: Path, calib: Path, out: Path, method: str, args, label: str, 
     return row
 
 
-def evaluate(folder: Path, windows: Path, mask: Path, args) -> dict:
-    out = windows.with_suffix(".json")
-    argv = FEDLIB + ["evaluate", "--model", str(folder), "--mask", str(mask), "--windows", str(windows),
-                     "--label", "bench", "--batch-size", str(args.eval_batch_size), "--threads", str(args.threads),
-                     "--device", args.device, "--dtype", args.dtype, "--out", str(out)]
-    row, sampler, end = run_with_samples(argv, "evaluate", args.device_index)
+def evaluate(folder: Path, windows: Path, mask: Path, args, command: list[str] = FEDLIB, label: str = "evaluate",
+             out: Path | None = None) -> dict:
+    """``fedlib evaluate`` (``command``: this checkout's, or another's) in its own process."""
+    out = out or windows.with_suffix(".json")
+    argv = command + ["evaluate", "--model", str(folder), "--mask", str(mask), "--windows", str(windows),
+                      "--label", "bench", "--batch-size", str(args.eval_batch_size), "--threads", str(args.threads),
+                      "--device", args.device, "--dtype", args.dtype, "--out", str(out)]
+    row, sampler, end = run_with_samples(argv, label, args.device_index)
     result = json.loads(out.read_text())
     row.update(windows=args.eval_windows, seqlen=args.seqlen, ppl=result["perplexity"]["wikitext2"]["ppl"],
                busy_fraction=sampler.busy(end - row["seconds"], end))
-    print(f"  evaluate {args.eval_windows} x {args.seqlen}: {row['seconds']:.1f}s (process), "
+    print(f"  {label} {args.eval_windows} x {args.seqlen}: {row['seconds']:.1f}s (process), "
           f"busy {row['busy_fraction']}")
     return row
 

@@ -15,7 +15,6 @@ weights); the script fails otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import tempfile
@@ -26,24 +25,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_gpu import client, run_with_samples  # noqa: E402
+from bench_gpu import client, evaluate  # noqa: E402
 from bench_scale import FEDLIB, FOLDERS, SCALE_DIR, SHAPES, build_checkpoint, calib_file  # noqa: E402
 from common import write  # noqa: E402
 
 REPORTED = re.compile(r"wrote .* in ([\d.]+)s")
 
 
-def evaluate(side: str, command: list[str], folder: Path, windows: Path, mask: Path, args, out: Path) -> dict:
-    argv = command + ["evaluate", "--model", str(folder), "--mask", str(mask), "--windows", str(windows),
-                      "--label", side, "--batch-size", str(args.eval_batch_size), "--threads", str(args.threads),
-                      "--device", args.device, "--dtype", args.dtype, "--out", str(out)]
-    row, sampler, end = run_with_samples(argv, f"evaluate ({side})", args.device_index)
+def timed(side: str, command: list[str], folder: Path, windows: Path, mask: Path, args, out: Path) -> dict:
+    """:func:`bench_gpu.evaluate` with ``command``, and the seconds the process reports itself."""
+    row = evaluate(folder, windows, mask, args, command, f"evaluate ({side})", out)
     reported = REPORTED.search(row["stdout"])
-    row.update(side=side, reported_seconds=float(reported.group(1)) if reported else None,
-               busy_fraction=sampler.busy(end - row["seconds"], end),
-               ppl=json.loads(out.read_text())["perplexity"]["wikitext2"]["ppl"])
-    print(f"  {side}: {row['seconds']:.1f}s process, {row['reported_seconds']}s reported, "
-          f"busy {row['busy_fraction']}, ppl {row['ppl']}")
+    row.update(side=side, reported_seconds=float(reported.group(1)) if reported else None)
+    print(f"  {side}: {row['reported_seconds']}s reported, ppl {row['ppl']}")
     return row
 
 
@@ -55,7 +49,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--seqlen", type=int, default=2048)
-    parser.add_argument("--windows", type=int, default=16)
+    parser.add_argument("--eval-windows", type=int, default=16)
     parser.add_argument("--eval-batch-size", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=8, help="the mask's client-mask --batch-size")
     parser.add_argument("--threads", type=int, default=8)
@@ -89,11 +83,11 @@ def main() -> None:
 
         windows = work / "windows.safetensors"
         gen = torch.Generator().manual_seed(7)
-        save_tokens(windows, torch.randint(0, shape["vocab_size"], (args.windows, args.seqlen), generator=gen),
-                    dataset="wikitext2", total_windows=args.windows)
+        save_tokens(windows, torch.randint(0, shape["vocab_size"], (args.eval_windows, args.seqlen), generator=gen),
+                    dataset="wikitext2", total_windows=args.eval_windows)
         for repeat in range(args.repeats):
             for side, command in sides.items():
-                rows.append(evaluate(side, command, folder, windows, mask, args, work / f"{side}-{repeat}.json")
+                rows.append(timed(side, command, folder, windows, mask, args, work / f"{side}-{repeat}.json")
                             | {"repeat": repeat})
     ppls = {row["ppl"] for row in rows}
     if len(ppls) != 1:
@@ -103,7 +97,7 @@ def main() -> None:
     print(f"  baseline / this (process seconds, best of {args.repeats}): {ratio:.2f}x")
     write("gpu_evaluate", {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-        "shape": args.shape, "compute_dtype": args.dtype, "windows": f"{args.windows} x {args.seqlen}",
+        "shape": args.shape, "compute_dtype": args.dtype, "windows": f"{args.eval_windows} x {args.seqlen}",
         "eval_batch_size": args.eval_batch_size, "threads": args.threads,
         "baseline": args.baseline_label or baseline.name, "rows": rows,
         "baseline_over_this": round(ratio, 2), "measured": time.strftime("%Y-%m-%d"),

@@ -97,8 +97,12 @@ def pack_bits_torch(mask: torch.Tensor) -> torch.Tensor:
     """:func:`pack_bits` in torch operations, on the mask's device."""
     flat = mask.detach().reshape(-1).to(torch.uint8)
     octets = torch.nn.functional.pad(flat, (0, -flat.numel() % 8)).reshape(-1, 8)
-    place = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8).to(device=flat.device)
-    return (octets * place).sum(dim=1, dtype=torch.uint8)
+    return (octets * _bit_places(flat.device)).sum(dim=1, dtype=torch.uint8)
+
+
+def _bit_places(device: torch.device) -> torch.Tensor:
+    """Each bit's value in a packed byte, least significant first (the module's bit order)."""
+    return torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8).to(device=device)
 
 
 def unpack_bits(packed: torch.Tensor, shape: Sequence[int], device: torch.device | None = None) -> torch.Tensor:
@@ -112,8 +116,7 @@ def unpack_bits(packed: torch.Tensor, shape: Sequence[int], device: torch.device
 
 def unpack_bits_torch(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """:func:`unpack_bits` in torch operations, on the packed bytes' device."""
-    place = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8).to(device=packed.device)
-    bits = (packed.reshape(-1, 1) & place) != 0
+    bits = (packed.reshape(-1, 1) & _bit_places(packed.device)) != 0
     return bits.reshape(-1)[: math.prod(shape)].reshape(tuple(shape))
 
 
