@@ -44,7 +44,7 @@ def add_dp_arguments(p, noise_seed: bool = True) -> None:
                         "own (rms) deviation")
     p.add_argument("--dp-mechanism", default="gaussian", choices=["gaussian", "normalised", "distributed"],
                    help="gaussian: raw statistics, clamped (fedlib.privacy.dp); normalised: deviations from the public "
-                        "text's statistics through the public mask's prefix, shrunk toward them (degrades to the public "
+                        "text's statistics through the public mask's prefix, soft-thresholded toward them (degrades to the public "
                         "mask; fedlib.privacy.dp_public); distributed: their secure sum over --dp-clients clients "
                         "(audits only: fedlib privacy dp-federation simulates a federation)")
     p.add_argument("--dp-public", help="normalised/distributed: the public text (token file) the statistics are "

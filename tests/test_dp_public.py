@@ -20,6 +20,7 @@ from fedlib.privacy.dp import calibrate_sigma, count_releases, input_key
 from fedlib.privacy.ddg_accounting import GRID, calibrate_distributed_sigma, rdp_epsilon, sensitivity_steps
 from fedlib.privacy.dp_distributed import DistributedGuarantee, DistributedTarget, discrete_gaussian
 from fedlib.privacy.dp_public import (
+    FALSE_KEEP,
     NormalisedGuarantee,
     NormalisedTarget,
     PublicPrior,
@@ -27,6 +28,8 @@ from fedlib.privacy.dp_public import (
     clip_rows,
     collecting_sink,
     federation_pass,
+    noise_threshold,
+    shrunk_energies,
     to_grid,
     tokens_digest,
 )
@@ -188,8 +191,8 @@ def test_low_dimensional_release_projects_and_cuts_noise_per_channel():
     gen = torch.Generator().manual_seed(0)
     d, k = 12, 3
     basis = torch.linalg.qr(torch.randn(d, k, generator=gen, dtype=torch.float64))[0].T
-    prior = PublicPrior(torch.rand(d, generator=gen, dtype=torch.float64) + 0.5, basis,
-                        torch.ones(k, dtype=torch.float64), 1.0)
+    prior = PublicPrior(torch.rand(d, generator=gen, dtype=torch.float64) + 0.5, basis, 1.0)
+    assert prior.dim == k
     energies = torch.rand(5, d, generator=gen, dtype=torch.float64) * 10
     rep = prior.represent(energies, 4)
     u = energies / (4 * prior.scale) - 1
@@ -203,6 +206,36 @@ def test_low_dimensional_release_projects_and_cuts_noise_per_channel():
     # clipping: rows longer than the bound get exactly the bound, shorter ones stay
     rows = torch.tensor([[3.0, 4.0], [0.3, 0.4]], dtype=torch.float64)
     assert torch.allclose(clip_rows(rows, 1.0), torch.tensor([[0.6, 0.8], [0.3, 0.4]], dtype=torch.float64))
+
+
+def test_threshold_is_the_family_wise_normal_bound():
+    """lambda / s is scipy's normal quantile at 1 - level / (2 coordinates), and noise alone
+    clears it somewhere in a pass about ``level`` of the time (it can fail either way: a threshold
+    per coordinate would be cleared almost always, one 10x too high never)."""
+    for coordinates in (1, 576, 69120):
+        assert noise_threshold(2.0, coordinates) == pytest.approx(
+            2.0 * stats.norm.ppf(1 - FALSE_KEEP / (2 * coordinates)), rel=1e-9)
+    gen = torch.Generator().manual_seed(0)
+    trials, coordinates, level = 4000, 500, 0.05  # the default level is too rare to count here
+    noise = torch.randn(trials, coordinates, generator=gen, dtype=torch.float64)
+    cleared = (noise.abs() > noise_threshold(1.0, coordinates, level)).any(dim=1).double().mean().item()
+    assert 0.6 * level < cleared < 1.4 * level
+
+
+def test_estimate_soft_thresholds_the_noisy_mean_toward_the_public_prior():
+    """m_j = p_j max(1 + sign(d_j) max(|d_j| - lambda, 0), 0), d the noisy mean deviation: written
+    out here coordinate by coordinate; below lambda a coordinate is exactly the public value, and
+    without noise the estimate is the mean itself."""
+    scale = torch.tensor([1.0, 2.0, 4.0, 8.0, 0.5], dtype=torch.float64)
+    prior = PublicPrior(scale, None, 1.0)
+    n, std, coordinates = 4, 2.0, 5
+    lam = noise_threshold(std / n, coordinates)
+    mean = torch.tensor([0.1, -0.2, lam + 0.3, -(lam + 2.0), lam - 1e-9], dtype=torch.float64)
+    got = shrunk_energies(prior, mean * n, n, std, coordinates)
+    expected = [1.0, 2.0, 4.0 * (1 + 0.3), 8.0 * max(1 - 2.0, 0.0), 0.5]
+    assert got.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert shrunk_energies(prior, mean * n, n, 0.0, coordinates).tolist() == pytest.approx(
+        (scale * (1 + mean).clamp_min(0)).tolist(), rel=1e-12)
 
 
 def analytic_gaussian_epsilon(mu: float, delta: float) -> float:
@@ -284,7 +317,8 @@ def test_secure_sum_equals_the_plain_sum_of_noisy_uploads(model):
 
 def test_noise_is_seeded_and_shared_inputs_share_one_release(model):
     public, a = _ids(8, seed=2), _ids(6, seed=3, low=64)
-    g = NormalisedTarget(64.0, 1e-5, 2.0).guarantee(_names(model), "x")
+    # noise that the data's deviations clear (at epsilon = 64 this tiny sample is all noise: the public mask)
+    g = NormalisedGuarantee(1e3, 1e-5, 2.0, 0, 0.05, count_releases(_names(model)), "x")
     (one,), _ = _pass(model, public, [a], [g], noise_seeds=[1])
     (two,), _ = _pass(model, public, [a], [g], noise_seeds=[1])
     (other,), _ = _pass(model, public, [a], [g], noise_seeds=[2])

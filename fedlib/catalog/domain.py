@@ -24,8 +24,8 @@ DEFAULTS = {
     "membership": {"targets": 32, "pairs": 4, "blocks": 1, "seqlen": 64, "population": 128},
 }
 #: the study's DP mechanisms: (x_dp mechanism, whether it releases in the public basis). The
-#: distributed sum is released per channel: with its low noise the shrinkage weight is large, and
-#: a large correction in the public token basis smears a domain's deviation over the channels the
+#: distributed sum is released per channel: with its low noise a large correction passes, and a
+#: large correction in the public token basis smears a domain's deviation over the channels the
 #: basis mixes (in a trial at 70 % it made the mask worse than public text at ε = 8 and 64).
 MECHANISMS = {"normalised": ("normalised", False), "lowdim": ("normalised", True),
               "distributed": ("distributed", False)}
@@ -166,7 +166,9 @@ class DomainCatalog:
         return args + (f" --dp-clients {clients}" if mechanism == "distributed" else "")
 
     def membership_sparsity(self) -> float:
-        return float(self.d["sparsities"][len(self.d["sparsities"]) // 2])
+        """The audit's sparsity: the middle one of those with DP rows."""
+        detail = self.d["detail_sparsities"]
+        return float(detail[len(detail) // 2])
 
     # -- evaluation and report -------------------------------------------------------------------
 

@@ -24,17 +24,23 @@ for the non-negative vectors of :mod:`fedlib.privacy.dp`. The noise is N(0, (sig
 coordinate.
 
 Estimate (post-processing). With n samples, the noisy mean deviation d = (sum + noise) / n is
-shrunk coordinate by coordinate toward 0 (the public value) with weight w = tau^2 / (tau^2 + s^2),
-s = sigma 2 C_r / n the noise's std and tau the public samples' rms along that coordinate (a
-data-independent prior scale): the posterior mean under a N(0, tau^2) prior. The channel energy
-is then m_j = p_j max(1 + w d, 0) (in a basis, 1 + B^T (w d)); the clamp only matters where the
-noise is far larger than tau. Without noise (w = 1, no clip) m is the private mean energy
-exactly; with huge noise w d -> 0 and m = p: the public mask, bit for bit. With a basis the noise
-in each channel falls by sqrt(d/k) on average (B^T spreads k noisy coordinates over d channels),
-at the price of the part of the deviation outside the basis; and where the weight is large, B^T
-spreads the deviation it keeps over every channel its directions mix (a domain's deviation sits in
-few channels, which no public basis predicts on SmolLM2), so a basis only pays where the noise
-keeps the weight small.
+soft-thresholded coordinate by coordinate toward 0 (the public value): d_j -> sign(d_j)
+max(|d_j| - lambda, 0), lambda = z s, s = sigma 2 C_r / n the noise's std and z the normal
+quantile that every coordinate the pass releases (all blocks' inputs) stays below under noise
+alone with probability 1 - ``FALSE_KEEP`` = 99.9 % (Bonferroni over the coordinates). lambda depends on
+the noise level and the shapes only. So where the private data carries no deviation that stands
+out of the noise, the mask is the public mask bit for bit (with probability >= 99.9 % over
+the noise), and where it does, a coordinate moves by its excess over lambda: a domain's deviation sits
+in few channels, and those are the ones that clear the threshold first. The channel energy is then
+m_j = p_j max(1 + d_j, 0) (in a basis, 1 + B^T d); the clamp is post-processing. Without noise
+(lambda = 0, no clip) m is the private mean energy exactly. (A Gaussian-prior shrinkage
+tau^2 / (tau^2 + s^2) with tau the public samples' per-sample spread, this module's first
+estimator, let the noise through as n grows and made masks worse than public-only at epsilon = 8
+in the domain study; the threshold does not.) With a basis the noise in each channel falls by
+sqrt(d/k) on average (B^T spreads k noisy coordinates over d channels), at the price of the part
+of the deviation outside the basis; and B^T spreads the deviation it keeps over every channel its
+directions mix (a domain's deviation sits in few channels, which no public basis predicts on
+SmolLM2).
 
 Accounting: ``releases`` Gaussian mechanisms of noise multiplier sigma (std / sensitivity), PLD
 as in :mod:`fedlib.privacy.dp`; the public text and the public mask are constants. The distributed
@@ -71,6 +77,8 @@ from fedlib.runner import BlockDecision, BlockRunner
 NORMALISED = "normalised"
 #: replace-one sensitivity of a sum of vectors clipped to C that may point anywhere: 2 C
 SIGNED_SENSITIVITY = 2.0
+#: the chance that noise alone moves any coordinate of a pass off the public prior
+FALSE_KEEP = 1e-3
 #: header fields of a normalised mechanism's ``x_dp``, in the writer's order
 NORMALISED_FIELDS = ("mechanism", "epsilon", "delta", "clip", "basis", "sensitivity", "sigma", "accountant",
                      "neighbours", "releases", "public")
@@ -92,13 +100,11 @@ def tokens_digest(ids: torch.Tensor) -> str:
 @dataclass
 class PublicPrior:
     """What the public text says about one release: channel energies ``scale`` (p, float64),
-    the optional ``basis`` (k x d, orthonormal rows), the prior std ``tau`` of each coordinate of
-    the representation and ``unit``, the public samples' rms representation norm (the clip's
-    unit)."""
+    the optional ``basis`` (k x d, orthonormal rows) and ``unit``, the public samples' rms
+    representation norm (the clip's unit)."""
 
     scale: torch.Tensor
     basis: torch.Tensor | None
-    tau: torch.Tensor
     unit: float
 
     def represent(self, energies: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -116,7 +122,8 @@ class PublicPrior:
 
     @property
     def dim(self) -> int:
-        return int(self.tau.numel())
+        """Coordinates of the representation: the basis size, or every channel."""
+        return int(self.scale.numel() if self.basis is None else self.basis.shape[0])
 
 
 def public_basis(token_gram: torch.Tensor, token_sum: torch.Tensor, tokens: int, scale: torch.Tensor,
@@ -183,9 +190,8 @@ class PublicWanda(WandaPruner):
                                  f"{self.stats['basis']}")
             basis = public_basis(self.stats["gram"], self.stats["sum"], self.stats["tokens"], scale,
                                  min(k, scale.numel()))
-        prior = PublicPrior(scale, basis, torch.zeros(0), 0.0)
+        prior = PublicPrior(scale, basis, 0.0)
         rep = prior.represent(energies, self.stats["seqlen"])
-        prior.tau = rep.pow(2).mean(dim=0).sqrt()
         prior.unit = float(rep.pow(2).sum(dim=1).mean().sqrt())
         if not prior.unit > 0:
             raise ValueError(f"{self.layer_name}: the public samples do not vary (all equal): no clip scale")
@@ -270,12 +276,24 @@ class EstimatedWanda(LayerPruner):
         return wanda_scores(self.layer.weight.detach().float().cpu(), self.energies.to(torch.float32))
 
 
-def shrunk_energies(prior: PublicPrior, noisy_sum: torch.Tensor, n_samples: int, noise_std: float) -> torch.Tensor:
-    """The posterior-mean estimate of the channel energies (module docstring) from a noisy sum of
-    ``n_samples`` clipped deviations with noise of std ``noise_std`` per coordinate."""
-    s = noise_std / n_samples
-    weight = torch.ones_like(prior.tau) if s == 0 else prior.tau.square() / (prior.tau.square() + s * s)
-    return prior.energies(weight * noisy_sum / n_samples)
+def shrunk_energies(prior: PublicPrior, noisy_sum: torch.Tensor, n_samples: int, noise_std: float,
+                    coordinates: int) -> torch.Tensor:
+    """The channel energies estimated from a noisy sum of ``n_samples`` clipped deviations with
+    noise of std ``noise_std`` per coordinate (module docstring): each coordinate of the noisy
+    mean deviation soft-thresholded at the family-wise bound of the noise over the ``coordinates``
+    released in all (:func:`noise_threshold`); 0 is the public value."""
+    mean = noisy_sum / n_samples
+    if noise_std == 0:
+        return prior.energies(mean)
+    threshold = noise_threshold(noise_std / n_samples, coordinates)
+    return prior.energies(mean.sign() * (mean.abs() - threshold).clamp_min(0.0))
+
+
+def noise_threshold(std: float, coordinates: int, level: float = FALSE_KEEP) -> float:
+    """The bound that ``coordinates`` independent N(0, std^2) draws all stay below in absolute
+    value with probability >= 1 - ``level`` (Bonferroni): z_{1 - level / (2 coordinates)} std."""
+    return std * float(torch.distributions.Normal(0.0, 1.0).icdf(
+        torch.tensor(1.0 - level / (2.0 * coordinates), dtype=torch.float64)))
 
 
 # --------------------------------------------------------------------------- the guarantee
@@ -393,8 +411,11 @@ def federation_pass(
                      for name, linear in step.linears.items()}
             step.collect(c + 1, stats)
             collected.append({input_key(name): s.views for name, s in stats.items()})
+        n_blocks = runner.n_blocks if blocks is None else min(blocks, runner.n_blocks)
         for release in releases:
             g, view = release.guarantee, View.of(release.guarantee)
+            # every block has this block's inputs: the coordinates the pass releases in all
+            coordinates = n_blocks * sum(priors[key, view.basis].dim for key in keys)
             if release.shared:
                 estimates = {}
                 for key in keys:
@@ -402,7 +423,7 @@ def federation_pass(
                     total = g.secure_sum(release, key, parts)
                     prior = parts[0].prior
                     estimates[key] = shrunk_energies(prior, total, sum(p.n_samples for p in parts),
-                                                     g.noise_std(parts[0].bound, prior.dim))
+                                                     g.noise_std(parts[0].bound, prior.dim), coordinates)
                 release.sink(None, step.index, _estimate_decision(step, estimates, pruning))
                 continue
             for c, by_key in enumerate(collected):
@@ -412,7 +433,8 @@ def federation_pass(
                     std = g.noise_std(stat.bound)
                     noise = torch.randn(stat.sum.shape, generator=seeded_generator(
                         release.noise_seeds[c], "dp-normalised-noise", key), dtype=torch.float64) * std
-                    estimates[key] = shrunk_energies(stat.prior, stat.sum + noise, stat.n_samples, std)
+                    estimates[key] = shrunk_energies(stat.prior, stat.sum + noise, stat.n_samples, std,
+                                                     coordinates)
                 release.sink(c, step.index, _estimate_decision(step, estimates, pruning))
         if public_sink is not None:
             public_sink(step.index, decision)

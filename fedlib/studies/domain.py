@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedlib.privacy.dp_public import FALSE_KEEP
 from fedlib.report import DATASET_TITLES, fmt_ppl, write_table
 
 BOOTSTRAP = 2000
@@ -187,7 +188,8 @@ def _header(spec, summaries, dense, worse, checks, audits) -> list[str]:
         f"DP (sample-level, replace-one, δ = {spec['delta']:g}): statistics through the public mask's prefix, "
         "each sample's channel energies as deviations from the public text's, clipped to "
         f"{spec['clip']:g} × the public samples' rms deviation (sensitivity 2 × clip: signed), Gaussian noise, "
-        "shrunk toward the public prior with a weight from the noise level only (fedlib.privacy.dp_public). "
+        "the noisy mean soft-thresholded toward the public prior at the bound that noise alone clears with "
+        f"probability {FALSE_KEEP:.1%} over the pass (from the noise level and shapes only; fedlib.privacy.dp_public). "
         f"Public basis: the {spec['basis']} leading directions of the public tokens' deviations. Per client: each "
         "client's noisy mask, FedPrLLM over them. Distributed: the clients' sums under SecAgg, each adding 1/√K "
         "of a discrete Gaussian (fedlib.privacy.dp_distributed), one Wanda mask from the sum. The proven ε "
