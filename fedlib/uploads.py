@@ -7,7 +7,6 @@ call these functions, so an upload is the same bytes whichever transport carries
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,22 +51,18 @@ def write_client_mask(
         raise ValueError("--global-masks and --scale belong to a round of iterative FedPrLLM (give --round)")
     method = pruning.method  # the registered name the file records (DP computes with its own class)
     extra = {"method_options": json.dumps(pruning.options), "dtype": dtype}
-    public_prior = None  # a normalised DP client's mechanism (fedlib.privacy.dp_public)
+    mechanism = None  # a DP client's (fedlib.privacy.dp.DPTarget or fedlib.privacy.dp_public.PublicDP)
     if dp is not None and dp.enabled:
-        from fedlib.privacy.dp import dp_method, fresh_noise_seed
+        from fedlib.privacy.dp import fresh_noise_seed
 
         if round_index is not None or pruning.options:
             raise ValueError("--dp-epsilon: DP masks are one-shot Wanda without method options (no --round: "
                              "composition over rounds is not accounted)")
         noise_seed = fresh_noise_seed() if dp_noise_seed is None else dp_noise_seed
-        if hasattr(dp, "client_masks"):
-            if dp.shared:
-                raise ValueError("--dp-mechanism distributed is the federation's secure sum, not one client's mask "
-                                 "(fedlib privacy dp-federation simulates it)")
-            public_prior, guarantee = dp, dp.guarantee([info.name for info in layers])
-        else:
-            dp_class, guarantee = dp_method(method, dp, [info.name for info in layers], noise_seed)
-            pruning = dataclasses.replace(pruning, method=dp_class)
+        if dp.shared:
+            raise ValueError("--dp-mechanism distributed is the federation's secure sum, not one client's mask "
+                             "(fedlib privacy dp-federation simulates it)")
+        mechanism, guarantee = dp, dp.guarantee([info.name for info in layers])
         extra["dp"] = guarantee.header()
         print(f"DP: {guarantee.header()}")
     with MaskWriter(
@@ -76,9 +71,9 @@ def write_client_mask(
         n_samples=0 if ids is None else ids.shape[0], seed=pruning.seed, extra=extra,
         format_version=format_version, reference=MagnitudeReference.of_model(handle) if format_version == 2 else None,
     ) as writer:
-        if public_prior is not None:
-            public_prior.client_masks(handle, ids, pruning, noise_seed=noise_seed,
-                                      sink=lambda _b, decision: [writer.add(n, m) for n, m in decision.masks.items()])
+        if mechanism is not None:
+            mechanism.client_masks(handle, ids, pruning, noise_seed=noise_seed,
+                                   sink=lambda _b, decision: [writer.add(n, m) for n, m in decision.masks.items()])
             return handle.n_blocks
         if round_index is None:
             # masks go to the file block by block: a 7B client never holds all of them

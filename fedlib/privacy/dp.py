@@ -43,8 +43,8 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -173,10 +173,27 @@ class DPTarget:
         """epsilon = inf means no DP: the plain (unclipped, noiseless) mechanism."""
         return math.isfinite(self.epsilon)
 
+    #: one client's mask (as :class:`fedlib.privacy.dp_public.PublicDP`'s normalised mechanism)
+    shared = False
+
     def guarantee(self, layer_names: Iterable[str]) -> DPGuarantee:
         releases = count_releases(layer_names)
         epsilon, delta, clip = float(self.epsilon), float(self.delta), float(self.clip)
         return DPGuarantee(epsilon, delta, clip, calibrate_sigma(epsilon, delta, releases), releases=releases)
+
+    def client_masks(self, model, input_ids: torch.Tensor, pruning, *, noise_seed: int, blocks: int | None = None,
+                     sink: Callable | None = None) -> dict[str, torch.Tensor]:
+        """The DP mask of a client with data ``input_ids``, Wanda as ``pruning`` says, blocks
+        ``0..blocks-1``, the noise drawn from ``noise_seed``; ``sink(block, decision)`` gets the masks
+        as they are decided (then none are kept: returns {}). The interface of every DP mechanism
+        (:meth:`fedlib.privacy.dp_public.PublicDP.client_masks`)."""
+        from fedlib.client import prune_locally
+        from fedlib.models import prunable_layers
+
+        names = [info.name for info in prunable_layers(model) if blocks is None or info.block < blocks]
+        dp_class, _ = dp_method(pruning.method, self, names, noise_seed)
+        return prune_locally(model, input_ids, replace(pruning, method=dp_class), sink, blocks=blocks,
+                             keep=sink is None).masks
 
 
 def clipped_sample_sum(inp: torch.Tensor, clip: float) -> torch.Tensor:

@@ -221,12 +221,8 @@ def membership_audit(
     }
     if pruning.options:
         result["method_options"] = dict(pruning.options)
-    if dp is not None and hasattr(dp, "client_masks"):  # fedlib.privacy.dp_public.PublicDP
+    if dp is not None and dp.enabled:
         result["dp"] = json.loads(dp.guarantee(names).header())
-    elif dp is not None and dp.enabled:
-        from fedlib.privacy.dp import dp_method
-
-        result["dp"] = json.loads(dp_method(pruning.method, dp, names, 0)[1].header())
     for e, eps in enumerate(eps_list):
         m, n = scores(rr_obs[e], rr_fit_in[e], rr_fit_out[e])
         summary = attack_summary(m, n, fprs, confidence, seed)

@@ -3,8 +3,6 @@ in-process on one loaded model exactly as a client computes its shared mask."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from fedlib.client import Pruning
@@ -29,12 +27,6 @@ def client_masks(
 
     if blocks is not None and blocks < 1:
         raise ValueError(f"blocks must be >= 1, got {blocks}")
-    if dp is not None and hasattr(dp, "client_masks"):
-        return dp.client_masks(model, input_ids, pruning, noise_seed=dp_noise_seed, blocks=blocks)
     if dp is not None and dp.enabled:
-        from fedlib.models import prunable_layers
-        from fedlib.privacy.dp import dp_method
-
-        names = [info.name for info in prunable_layers(model) if blocks is None or info.block < blocks]
-        pruning = dataclasses.replace(pruning, method=dp_method(pruning.method, dp, names, dp_noise_seed)[0])
+        return dp.client_masks(model, input_ids, pruning, noise_seed=dp_noise_seed, blocks=blocks)
     return prune_locally(model, input_ids, pruning, blocks=blocks).masks
