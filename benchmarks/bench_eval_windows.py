@@ -50,7 +50,7 @@ def main() -> None:
     from fedlib.data import evaluation_windows
     from fedlib.evaluate.perplexity import perplexities
     from fedlib.models import load_tokenizer, open_model
-    from fedlib.pruned import Variant
+    from fedlib.pruned import PrunedModel
 
     torch.set_num_threads(1)
     config = with_schema_defaults(yaml.safe_load(open("config.yaml")))
@@ -66,7 +66,7 @@ def main() -> None:
     nll, cpu = {}, {}
     for label in labels:
         mask, _ = catalog.variant_source(*setting, label)
-        variant = Variant(handle, mask)
+        variant = PrunedModel(handle, mask)
         start = time.process_time()
         scores, _ = perplexities(handle, list(windows.values()), ev.get("batch_size", 1), variant=variant.decision)
         cpu[label] = time.process_time() - start

@@ -334,11 +334,11 @@ def cmd_eval_windows(args) -> None:
 def cmd_evaluate(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.evaluate.perplexity import perplexities
-    from fedlib.pruned import Variant
+    from fedlib.pruned import PrunedModel
 
     start = time.perf_counter()
     handle, placement = open_placed(args)
-    variant = Variant(handle, args.mask, args.scale, args.weights, device=placement.device)
+    variant = PrunedModel(handle, args.mask, args.scale, args.weights, device=placement.device)
     loaded = [load_tokens(Path(path)) for path in args.windows]
     rows, sparsity = perplexities(handle, [ids for ids, _ in loaded], args.batch_size, placement=placement,
                                   variant=variant.decision)
@@ -357,10 +357,10 @@ def cmd_evaluate(args) -> None:
 
 def cmd_export(args) -> None:
     from fedlib.models import open_model
-    from fedlib.pruned import Variant, export_checkpoint
+    from fedlib.pruned import PrunedModel, export_checkpoint
 
     handle = open_model(args.model)
-    record = export_checkpoint(handle, Variant(handle, args.mask, args.scale), Path(args.out), args.model)
+    record = export_checkpoint(handle, PrunedModel(handle, args.mask, args.scale), Path(args.out), args.model)
     print(f"wrote {args.out}: {record}")
 
 

@@ -1,7 +1,7 @@
 """A pruned model is the base model plus a global mask (plus vote counts for scaling), or plus
 a FedSpaLLM weight file.
 
-A :class:`Variant` reads what it applies block by block (:meth:`Variant.decision`), so
+A :class:`PrunedModel` reads what it applies block by block (:meth:`PrunedModel.decision`), so
 evaluation streams it onto each block as the block becomes resident (:mod:`fedlib.runner`);
 nothing ever writes a full pruned copy except ``fedlib export`` (:func:`export_checkpoint`,
 which also streams, tensor by tensor).
@@ -24,7 +24,7 @@ from fedlib.runner import BlockDecision
 from fedlib.server.fedprllm import scale_factors
 
 
-class Variant:
+class PrunedModel:
     """The base model with a mask file (optionally with weight scaling) or a FedSpaLLM weight
     file applied; both files are checked against the base model's fingerprint and layers.
     ``device``: where masks are unpacked and checked (the evaluation's device)."""
@@ -106,7 +106,7 @@ def apply_mask_file(model: nn.Module, path: Path, scale: bool = False) -> dict:
     """Apply a (client or global) mask file to a model held in memory, in place; returns the
     header summary."""
     handle = ModelHandle.of(model)
-    variant = Variant(handle, path, scale)
+    variant = PrunedModel(handle, path, scale)
     for index in range(handle.n_blocks):
         decision = variant.decision(index)
         if decision is not None:
@@ -130,7 +130,7 @@ def measured_sparsity(model: nn.Module) -> float:
 
 
 @torch.no_grad()
-def export_checkpoint(handle: ModelHandle, variant: Variant, out: Path, tokenizer_source: str | None) -> dict:
+def export_checkpoint(handle: ModelHandle, variant: PrunedModel, out: Path, tokenizer_source: str | None) -> dict:
     """Write the pruned model as an ordinary Hugging Face checkpoint: every tensor of the base
     checkpoint copied in its stored dtype, the variant applied to the prunable linears, shard
     by shard (host memory holds one shard). Needs a checkpoint folder (``open_model`` of a

@@ -274,7 +274,7 @@ def test_cuda_mask_file_unpacks_on_the_device(tmp_path):
     checked there, and with weight scaling the same vote counts."""
     from fedlib.maskfile import MaskFile, write_mask_file
     from fedlib.models import fingerprint, prunable_layers
-    from fedlib.pruned import Variant
+    from fedlib.pruned import PrunedModel
 
     model = tiny_llama(hidden=64)
     layers = prunable_layers(model)
@@ -284,7 +284,7 @@ def test_cuda_mask_file_unpacks_on_the_device(tmp_path):
     write_mask_file(path, masks, layers, fingerprint=fingerprint(model), role="global", client_id="server",
                     method="fedprllm[wanda]", group="row", sparsity=0.5, n_samples=4, seed=0, n_clients=2, votes=votes)
     handle = ModelHandle.of(model)
-    host, device = Variant(handle, path, scale=True), Variant(handle, path, scale=True, device=CUDA0)
+    host, device = PrunedModel(handle, path, scale=True), PrunedModel(handle, path, scale=True, device=CUDA0)
     for index in range(handle.n_blocks):
         on_host, on_device = host.decision(index), device.decision(index)
         for name, mask in on_host.masks.items():

@@ -86,14 +86,14 @@ def zeroshot_variant(model_dir: str, tasks, data_dir: Path | None, limit: int | 
     (:func:`table_metric`); ``mean_acc`` is their unweighted mean over the tasks."""
     from fedlib.evaluate.zeroshot import run_harness, sample_lines, summarize, table_metric
     from fedlib.models import load_tokenizer, open_model
-    from fedlib.pruned import Variant, measured_sparsity
+    from fedlib.pruned import PrunedModel, measured_sparsity
     from fedlib.runner import Placement, place_model
 
     tasks = list(tasks)
     sizes = split_sizes(tasks, data_dir)  # fails on a missing task file before any model work
     placement = Placement.resolve(device, dtype)
     handle = open_model(model_dir, placement.dtype)
-    variant = Variant(handle, mask, scale, weights, device=placement.device)
+    variant = PrunedModel(handle, mask, scale, weights, device=placement.device)
     base_fingerprint = handle.fingerprint()
     model = place_model(handle, placement, variant.decision)
     raw, names = run_harness(model, load_tokenizer(model_dir), tasks, data_dir=data_dir, limit=limit,
