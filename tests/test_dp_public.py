@@ -238,6 +238,15 @@ def test_estimate_soft_thresholds_the_noisy_mean_toward_the_public_prior():
         (scale * (1 + mean).clamp_min(0)).tolist(), rel=1e-12)
 
 
+def test_a_simulated_release_needs_a_finite_epsilon():
+    from fedlib.privacy.stages.dp_federation import release_target
+
+    spec = {"label": "plain", "mechanism": "normalised", "epsilon": math.inf, "delta": 1e-5, "clip": math.inf}
+    with pytest.raises(ValueError, match="'plain': epsilon must be finite"):
+        release_target(spec, 4)
+    assert release_target({**spec, "epsilon": 8.0, "clip": 2.0}, 4).epsilon == 8.0
+
+
 def analytic_gaussian_epsilon(mu: float, delta: float) -> float:
     def delta_of(eps):
         return stats.norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu)

@@ -12,6 +12,7 @@ seeds are the study's stand-ins for the clients' secrets, derived from ``noise_s
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -37,6 +38,10 @@ def release_target(spec: Mapping, clients: int):
     """A release spec {"label", "mechanism", "epsilon", "delta", "clip", "basis"} as its target."""
     mechanism = spec["mechanism"]
     common = (float(spec["epsilon"]), float(spec["delta"]), float(spec["clip"]), int(spec.get("basis", 0)))
+    if not math.isfinite(common[0]):
+        # a file without noise would carry a guarantee the reader refuses (x_dp is strict JSON)
+        raise ValueError(f"release {spec.get('label')!r}: epsilon must be finite, got {spec['epsilon']!r} (a mask "
+                         f"without DP is client-mask's plain Wanda)")
     if mechanism == NORMALISED:
         return NormalisedTarget(*common)
     if mechanism == DISTRIBUTED:
