@@ -521,8 +521,8 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "cpu-tolerance": (REPO / "benchmarks/results/cpu_tolerance.json", cpu_tolerance),
     "eval-windows": (REPO / "benchmarks/results/eval_windows.json", eval_windows),
     # Table 1's header lines on FedPrLLM against Local-only and on what it does not resolve
-    "table1": (REPO / "reports/table1.csv", table_csv(REPO / "reports/table1.csv",
-                                                      ("- FedPrLLM (", "- Not resolved", "- Every difference"))),
+    **{name: (REPO / path, table_csv(REPO / path, ("- FedPrLLM (", "- Not resolved", "- Every difference")))
+       for name, path in (("table1", "reports/table1.csv"), ("table1-seeds", "reports/table1_seeds.csv"))},
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
         ("table12-run", "reports/table12_run.csv"),
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
