@@ -160,7 +160,7 @@ def block_bytes(folder: Path) -> int:
     return sum(t.nbytes for name, t in Checkpoint(folder).tensors.items() if name.startswith("model.layers.0."))
 
 
-def goals(runs: dict, block: int, activation_bytes: int, args) -> dict:
+def goals(runs: dict, block: int, activation_bytes: int, stored_bytes: int, args) -> dict:
     big, small = f"{args.large}x{args.seqlen}", f"{args.small}x{args.seqlen}"
     measured = {
         "wanda 128x2048 seconds": runs.get(f"wanda {big}", {}).get("seconds_after_open"),
@@ -169,9 +169,8 @@ def goals(runs: dict, block: int, activation_bytes: int, args) -> dict:
         "busy fraction during wanda 128x2048": runs.get(f"wanda {big}", {}).get("busy_fraction"),
     }
     peak = runs.get(f"wanda {big}", {}).get("device_peak_gib")
-    stored = 2 * args.large * args.seqlen * args.hidden * args.element_size  # every sample's input and output
     measured["device peak over one block + stored activations + a batch's (GiB)"] = (
-        None if peak is None else round(peak - (block + stored + activation_bytes) / 2**30, 2))
+        None if peak is None else round(peak - (block + stored_bytes + activation_bytes) / 2**30, 2))
     out = {}
     for name, goal in GOALS.items():
         value = measured[name]
@@ -210,10 +209,11 @@ def main() -> None:
     build = build_checkpoint(folder, shape, device="cuda" if dev.type == "cuda" else "cpu")
     build_seconds = time.perf_counter() - start
     size = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
-    args.hidden, args.element_size = shape["hidden_size"], size
     # a batch's activations: the block input, its MLP's widest intermediate, and the output kept
     width = 2 * shape["hidden_size"] + 2 * shape["intermediate_size"]
     activation_bytes = args.batch_size * args.seqlen * width * size
+    # every sample's block input and output of the large run, kept on the device between blocks
+    stored_bytes = 2 * args.large * args.seqlen * shape["hidden_size"] * size
     block = block_bytes(folder)
     runs = {}
     record = {
@@ -221,7 +221,7 @@ def main() -> None:
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "shape": args.shape, "stored_dtype": "bfloat16", "compute_dtype": args.dtype,
         "seqlen": args.seqlen, "batch_size": args.batch_size, "threads": args.threads,
-        "block_bytes": block, "activation_bytes_per_batch": activation_bytes,
+        "block_bytes": block, "activation_bytes_per_batch": activation_bytes, "stored_activation_bytes": stored_bytes,
         "build": {"seconds_this_run": round(build_seconds, 1), "drawn_on": build.get("device", "cpu"),
                   "bytes": build["bytes"]},
         "runs": runs, "evaluate": None, "block0_host_vs_device": None,
@@ -231,7 +231,7 @@ def main() -> None:
 
     def save(complete: bool) -> None:
         # written after every stage, so a run stopped at a device's time limit keeps what it measured
-        record.update(goals=goals(runs, block, activation_bytes, args), complete=complete)
+        record.update(goals=goals(runs, block, activation_bytes, stored_bytes, args), complete=complete)
         if not args.no_write:
             write("gpu", record)
 

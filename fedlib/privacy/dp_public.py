@@ -395,6 +395,7 @@ def federation_pass(
     runner = BlockRunner(model, [public_ids, *clients_ids], pruning.placement, pruning.batch_size)
     views = {View.of(r.guarantee) for r in releases}
     moments = max((v.basis for v in views), default=0)
+    n_blocks = runner.n_blocks if blocks is None else min(blocks, runner.n_blocks)
     for step in runner.steps(blocks):
         public = {name: PublicWanda(linear, name, moments) for name, linear in step.linears.items()}
         step.collect(0, public)
@@ -411,7 +412,6 @@ def federation_pass(
                      for name, linear in step.linears.items()}
             step.collect(c + 1, stats)
             collected.append({input_key(name): s.views for name, s in stats.items()})
-        n_blocks = runner.n_blocks if blocks is None else min(blocks, runner.n_blocks)
         for release in releases:
             g, view = release.guarantee, View.of(release.guarantee)
             # every block has this block's inputs: the coordinates the pass releases in all
