@@ -154,6 +154,48 @@ def block0_agreement(folder: Path, calib: Path, work: Path, args) -> dict:
             "tokens": f"{args.small} x {args.seqlen}"}
 
 
+def obs_solve(shape: dict, args) -> dict:
+    """SparseGPT's OBS update of one block's linears (q/k/v/o of hidden x hidden, gate/up of
+    intermediate x hidden, down of hidden x intermediate), ``solve="column"`` (the reference's
+    column loop) against ``"block"`` (batched triangular solves), side by side on the device, in
+    the update's default float64: random weights, a Hessian from random correlated tokens, "row"
+    groups at 50 %. Same masks and weights up to rounding is what the CPU tests prove; this records
+    both here."""
+    from fedlib.methods.sparsegpt import damped_hessian, inverse_cholesky_upper, obs_prune
+
+    dev, gen = torch.device(args.device), torch.Generator(device=args.device).manual_seed(0)
+    hidden, inter = shape["hidden_size"], shape["intermediate_size"]
+    linears = [("q/k/v/o", 4, hidden, hidden), ("gate/up", 2, inter, hidden), ("down", 1, hidden, inter)]
+    out = {"dtype": "float64", "group": "row", "sparsity": 0.5, "layers": {}}
+    totals = {"column": 0.0, "block": 0.0}
+    for label, copies, rows, cols in linears:
+        x = torch.randn(2 * cols, cols, device=dev, dtype=torch.float64, generator=gen)
+        x = x @ (torch.eye(cols, device=dev, dtype=torch.float64)
+                 + 0.5 * torch.randn(cols, cols, device=dev, dtype=torch.float64, generator=gen) / cols**0.5)
+        upper = inverse_cholesky_upper(damped_hessian(2.0 / x.shape[0] * x.T @ x, 0.01)[0], label)
+        weight = torch.randn(rows, cols, device=dev, dtype=torch.float64, generator=gen)
+        results, seconds = {}, {}
+        for solve in ("column", "block"):
+            torch.cuda.synchronize(dev) if dev.type == "cuda" else None
+            t0 = time.perf_counter()
+            results[solve] = obs_prune(weight, upper, sparsity=0.5, group="row", name=label, solve=solve)
+            torch.cuda.synchronize(dev) if dev.type == "cuda" else None
+            seconds[solve] = time.perf_counter() - t0
+            totals[solve] += copies * seconds[solve]
+        (wc, mc, lc), (wb, mb, lb) = results["column"], results["block"]
+        out["layers"][label] = {
+            "shape": [rows, cols], "per_block": copies, "seconds": {k: round(v, 3) for k, v in seconds.items()},
+            "masks_differ": int((mc != mb).sum()), "weights": mc.numel(),
+            "max_weight_difference": float((wc - wb).abs().max()), "loss": {"column": lc, "block": lb}}
+        print(f"  OBS update {label} {rows}x{cols}: column {seconds['column']:.2f}s, block {seconds['block']:.2f}s, "
+              f"{out['layers'][label]['masks_differ']} mask entries differ")
+    out["seconds_per_block"] = {k: round(v, 2) for k, v in totals.items()}
+    out["speedup"] = round(totals["column"] / totals["block"], 2)
+    print(f"  OBS update of one block: column {totals['column']:.2f}s, block {totals['block']:.2f}s "
+          f"({out['speedup']}x)")
+    return out
+
+
 def block_bytes(folder: Path) -> int:
     from fedlib.checkpoint import Checkpoint
 
@@ -224,7 +266,7 @@ def main() -> None:
         "block_bytes": block, "activation_bytes_per_batch": activation_bytes, "stored_activation_bytes": stored_bytes,
         "build": {"seconds_this_run": round(build_seconds, 1), "drawn_on": build.get("device", "cpu"),
                   "bytes": build["bytes"]},
-        "runs": runs, "evaluate": None, "block0_host_vs_device": None,
+        "runs": runs, "evaluate": None, "block0_host_vs_device": None, "obs_solve": None,
         "note": "random weights: time and memory only; busy = mean nvidia-smi utilization.gpu over the block loop",
         **({"commit": args.source_commit} if args.source_commit else {}),
     }
@@ -241,7 +283,11 @@ def main() -> None:
         for n in (args.small, args.large):
             (work / str(n)).mkdir()
             calib[n] = calib_file(work / str(n), 0, n, args.seqlen, shape["vocab_size"])
-        # cheapest first: Wanda, its evaluation and the host check come before SparseGPT's long runs
+        # cheapest first: the OBS solves side by side, Wanda, its evaluation and the host check
+        # come before SparseGPT's long runs
+        if any(m.startswith("sparsegpt") for m in args.methods):
+            record["obs_solve"] = obs_solve(shape, args)
+            save(False)
         for method in args.methods:
             for n in (args.small, args.large):
                 key = f"{method} {n}x{args.seqlen}"

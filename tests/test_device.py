@@ -235,6 +235,23 @@ def test_cuda_masks_match_cpu_masks():
     assert all(p.device.type == "cpu" for p in model.parameters())
 
 
+@needs_cuda
+@pytest.mark.parametrize("group", ["row", "2:4"])
+def test_cuda_sparsegpt_update_solves_like_the_host_column_loop(group):
+    """SparseGPT's update on CUDA (batched triangular solves, its default there) gives the host's
+    column loop's mask and, up to rounding, its weights (float64, continuous weights: no ties)."""
+    from fedlib.methods.sparsegpt import damped_hessian, inverse_cholesky_upper, obs_prune
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 320, generator=gen, dtype=torch.float64)
+    x = torch.randn(640, 320, generator=gen, dtype=torch.float64)
+    upper = inverse_cholesky_upper(damped_hessian(2.0 / 640 * x.T @ x, 0.01)[0])
+    w_host, m_host, _ = obs_prune(w, upper, sparsity=0.5, group=group, solve="column")
+    w_dev, m_dev, _ = obs_prune(w.cuda(), upper.cuda(), sparsity=0.5, group=group, solve="block")
+    assert torch.equal(m_dev.cpu(), m_host)
+    torch.testing.assert_close(w_dev.cpu(), w_host, rtol=1e-9, atol=1e-9)
+
+
 def _net_peak(model, ids, placement) -> tuple[int, float]:
     """Device bytes at the peak of a perplexity run above what the device held before it
     (after a warm-up matmul, so that cuBLAS's workspace is there already), and the perplexity."""

@@ -99,8 +99,9 @@ def test_registry_names_and_modes():
 # --- the OBS update ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("solve", ["column", "block"])
 @pytest.mark.parametrize("blocksize", [1, 5, 8, 64])
-def test_update_is_exactly_optimal_for_prefix_masks(blocksize):
+def test_update_is_exactly_optimal_for_prefix_masks(blocksize, solve):
     """When every row prunes a prefix of its columns, each weight is fixed to zero before any
     surviving weight is, so sequential OBS equals the constrained least-squares optimum
     (pruning only column 0 is the special case of prefix length 1)."""
@@ -111,7 +112,7 @@ def test_update_is_exactly_optimal_for_prefix_masks(blocksize):
     mask = torch.zeros(rows, cols, dtype=torch.bool)
     for r, k in enumerate(lengths):
         mask[r, :k] = True
-    pruner = fitted(SparseGPTUpdatePruner, layer, x, blocksize=blocksize)
+    pruner = fitted(SparseGPTUpdatePruner, layer, x, blocksize=blocksize, solve=solve)
     got = pruner.update_for_mask(mask).double()
     want = least_squares_optimum(layer.weight.detach(), x, mask)
     assert torch.all(got[mask] == 0)
@@ -147,14 +148,15 @@ def test_lazy_block_update_is_exact():
         torch.testing.assert_close(other, results[0], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("solve", ["column", "block"])
 @pytest.mark.parametrize("group", ["layer", "row", "column", "2:4"])
-def test_update_error_between_optimum_and_plain_zeroing(group):
+def test_update_error_between_optimum_and_plain_zeroing(group, solve):
     """For its own mask, SparseGPT's weights reconstruct better than zeroing alone and no better
     than the least-squares optimum; the reported loss equals the true error."""
     rows, cols = 12, 32
     layer = make_layer(rows, cols, seed=8)
     x = make_inputs(128, cols, seed=9, corr=2.0)
-    pruner = fitted(SparseGPTUpdatePruner, layer, x, blocksize=8)
+    pruner = fitted(SparseGPTUpdatePruner, layer, x, blocksize=8, solve=solve)
     mask = pruner.prune(0.5, group, seed=0)
     w = layer.weight.detach()
     hd = damped_from_inputs(x)
@@ -164,6 +166,36 @@ def test_update_error_between_optimum_and_plain_zeroing(group):
     assert err_opt <= err_update * (1 + 1e-6)
     assert err_update < err_zero
     assert pruner.loss == pytest.approx(err_update, rel=1e-5)
+
+
+@pytest.mark.parametrize("group", ["layer", "row", "column", "2:4", "fixed"])
+def test_block_solve_equals_the_column_loop(group):
+    """The batched triangular solve gives the column loop's masks and, up to rounding, its
+    weights and loss, across block boundaries (blocksize 16 over 40 columns: a short last block)."""
+    rows, cols = 24, 40
+    w = make_layer(rows, cols, seed=13).weight.detach().double()
+    upper = inverse_cholesky_upper(damped_from_inputs(make_inputs(160, cols, seed=14, corr=2.0)))
+    opts = dict(blocksize=16, seed=0)
+    if group == "fixed":
+        opts["mask"] = torch.rand(rows, cols, generator=torch.Generator().manual_seed(15)) < 0.6
+    else:
+        opts.update(sparsity=0.5, group=group)
+    w_col, m_col, loss_col = obs_prune(w, upper, solve="column", **opts)
+    w_blk, m_blk, loss_blk = obs_prune(w, upper, solve="block", **opts)
+    assert torch.equal(m_col, m_blk)
+    assert torch.all(w_blk[m_blk] == 0)
+    torch.testing.assert_close(w_blk, w_col, rtol=1e-10, atol=1e-10)
+    assert loss_blk == pytest.approx(loss_col, rel=1e-10)
+
+
+def test_solve_default_is_the_column_loop_on_the_host():
+    pruner = SparseGPTUpdatePruner(make_layer(4, 8), "l")
+    assert pruner.solve is None and pruner._solve_on(torch.device("cpu")) == "column"
+    assert pruner._solve_on(torch.device("cuda", 0)) == "block"
+    with pytest.raises(ValueError, match="solve must be one of"):
+        SparseGPTUpdatePruner(make_layer(4, 8), "l", solve="rows")
+    with pytest.raises(ValueError, match="solve must be one of"):
+        obs_prune(torch.ones(2, 2), torch.eye(2), solve="rows")
 
 
 def test_update_does_not_touch_layer_weight_and_zeros_pruned():

@@ -132,6 +132,7 @@ def obs_prune(
     name: str = "",
     blocksize: int = 128,
     mask: torch.Tensor | None = None,
+    solve: str = "column",
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """SparseGPT's sequential OBS pruning of ``weight`` (rows, cols).
 
@@ -144,9 +145,18 @@ def obs_prune(
     is a bool tensor (both on ``weight``'s device), ``loss = 1/2 * sum_i (w_i - q_i)^2 / U_ii^2`` summed over all rows,
     which equals ``1/2 * sum_rows (w - w_new) Hd (w - w_new)^T`` (the layer reconstruction
     error under the damped Hessian ``Hd``).
+
+    ``solve`` says how the errors of a block's columns are computed (:data:`SOLVES`): ``"column"``
+    one column after another, the reference's order of roundings; ``"block"`` all columns whose
+    mask is already chosen at once (the whole block for ``layer``/``row``/a given mask, each
+    group of M for ``N:M``), from one batched triangular solve (:func:`obs_errors`). The two
+    agree up to float rounding; ``"block"`` runs a few large kernels where ``"column"`` runs
+    thousands of tiny ones.
     """
     if blocksize < 1:
         raise ValueError(f"blocksize must be >= 1, got {blocksize}")
+    if solve not in SOLVES:
+        raise ValueError(f"solve must be one of {SOLVES}, got {solve!r}")
     W = weight.clone()
     rows, cols = W.shape
     device = W.device
@@ -190,6 +200,27 @@ def obs_prune(
                 s_b = sparsity_for_count(k, count)
             M1.copy_(prune_lowest(scores, s_b, group, seed, f"{name}#block{b}"))
 
+        if solve == "block":
+            # the chunks whose masks are chosen together: a column, a group of M, or the block
+            width = 1 if group == "column" and not fixed else (m or count)
+            err1 = torch.empty_like(W1)
+            for c1 in range(0, count, width):
+                c2 = c1 + width
+                if not fixed and (group == "column" or m):
+                    sub = W1[:, c1:c2].pow(2) / d[c1:c2].pow(2).reshape(1, -1)
+                    M1[:, c1:c2] = prune_lowest(sub, sparsity, group, seed, f"{name}#col{i1 + c1}")
+                pruned = M1[:, c1:c2]
+                err = obs_errors(W1[:, c1:c2], U1[c1:c2, c1:c2], pruned)
+                W1[:, c1:c2] -= err @ U1[c1:c2, c1:c2]
+                W1[:, c1:c2].masked_fill_(pruned, 0.0)  # exactly q, whatever the rounding left
+                W1[:, c2:] -= err @ U1[c1:c2, c2:]
+                err1[:, c1:c2] = err
+            loss += err1.pow(2).sum() / 2
+            W[:, i1:i2] = W1
+            W[:, i2:] -= err1 @ hinv_upper[i1:i2, i2:]
+            done_cols = i2
+            continue
+
         T = W1.T.contiguous()  # (count, rows): T[i] is column i
         pruned_t = M1.T.contiguous()
         kept_t = ~pruned_t
@@ -221,6 +252,33 @@ def obs_prune(
         W[:, i2:] -= err_t.T.contiguous() @ hinv_upper[i1:i2, i2:]
         done_cols = i2
     return W, full_mask, float(loss)
+
+
+#: how :func:`obs_prune` computes a block's errors
+SOLVES = ("column", "block")
+
+#: elements of the per-row triangular systems :func:`obs_errors` builds at once (256 MB in float64)
+_SOLVE_ELEMENTS = 1 << 25
+
+
+def obs_errors(w: torch.Tensor, u: torch.Tensor, pruned: torch.Tensor) -> torch.Tensor:
+    """The OBS errors ``E`` (rows, k) of ``k`` consecutive columns whose mask ``pruned`` (rows, k)
+    is fixed, as the column-by-column update would produce them: with ``u`` the (k, k) upper
+    block of ``U``, ``E_i = pruned_i * (w_i - sum_{j<i} E_j u_ji) / u_ii``, i.e. per row
+    ``E A = pruned * w`` with ``A`` upper triangular: ``u``'s columns at the pruned entries, its
+    diagonal alone at the kept ones (their errors are 0)."""
+    rows, k = w.shape
+    diag = torch.diag_embed(u.diagonal())
+    rhs = w.masked_fill(~pruned, 0.0)
+    err = torch.empty_like(w)
+    step = max(1, _SOLVE_ELEMENTS // (k * k))
+    for r1 in range(0, rows, step):
+        p = pruned[r1 : r1 + step].unsqueeze(1)  # (r, 1, k): selects columns of u
+        systems = torch.where(p, u, diag)
+        err[r1 : r1 + step] = torch.linalg.solve_triangular(
+            systems, rhs[r1 : r1 + step].unsqueeze(1), upper=True, left=False
+        ).squeeze(1)
+    return err
 
 
 class InputGram:
@@ -264,8 +322,11 @@ class SparseGPTPruner(LayerPruner):
         blocksize: int = 128,
         dtype: str = "float64",
         metric_diag: str = "inverse",
+        solve: str | None = None,
     ):
         super().__init__(layer, layer_name)
+        if solve is not None and solve not in SOLVES:
+            raise ValueError(f"solve must be one of {SOLVES} or null, got {solve!r}")
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         if metric_diag not in ("inverse", "cholesky"):
@@ -278,6 +339,9 @@ class SparseGPTPruner(LayerPruner):
         self.blocksize = int(blocksize)
         self.dtype = _DTYPES[dtype]
         self.metric_diag = metric_diag
+        #: :func:`obs_prune`'s ``solve``; None = "block" on a CUDA device (thousands of tiny
+        #: kernels per column loop leave a GPU idle), else "column" (the reference's roundings)
+        self.solve = solve
         self.stats = InputGram(self.dtype)
         #: update mode: 1/2 * sum of the OBS errors (reconstruction error under the damped H)
         self.loss: float | None = None
@@ -327,6 +391,9 @@ class SparseGPTPruner(LayerPruner):
 
         return self.stats.cached(("inverse-diagonal", self.percdamp), compute)
 
+    def _solve_on(self, device: torch.device) -> str:
+        return self.solve or ("block" if device.type == "cuda" else "column")
+
     def _weight(self, dead: torch.Tensor) -> torch.Tensor:
         """The layer's weights in this pruner's precision, on the statistics' device, with the
         columns of dead inputs set to 0."""
@@ -358,6 +425,7 @@ class SparseGPTPruner(LayerPruner):
             seed=seed,
             name=self.layer_name,
             blocksize=self.blocksize,
+            solve=self._solve_on(hinv_upper.device),
         )
         self.updated_weight = new_w.to(torch.float32)
         self.loss = loss
@@ -369,7 +437,8 @@ class SparseGPTPruner(LayerPruner):
         :attr:`loss`. Neither ``self.layer.weight`` nor ``updated_weight`` is changed."""
         hinv_upper, dead = self._upper_factor()
         new_w, _, loss = obs_prune(
-            self._weight(dead), hinv_upper, name=self.layer_name, blocksize=self.blocksize, mask=mask
+            self._weight(dead), hinv_upper, name=self.layer_name, blocksize=self.blocksize, mask=mask,
+            solve=self._solve_on(hinv_upper.device),
         )
         self.loss = loss
         return new_w.to(device="cpu", dtype=torch.float32)
