@@ -180,6 +180,15 @@ def gpu(data: dict, evaluate: dict) -> str:
     if agree:
         lines += [f"- Block 0's masks from the same {agree['tokens']} tokens on the host and on the GPU "
                   f"({agree['dtype']}): {agree['differ']:,} of {agree['weights']:,} weights decided differently."]
+    obs = data.get("obs_solve")
+    if obs:
+        layers = obs["layers"].values()
+        lines += [f"- SparseGPT's OBS update of one block's linears ({obs['dtype']}, {obs['group']} groups at "
+                  f"{obs['sparsity']:.0%}, random weights), side by side on the device: the reference's column loop "
+                  f"{obs['seconds_per_block']['column']:.2f} s, batched triangular solves "
+                  f"{obs['seconds_per_block']['block']:.2f} s (**{obs['speedup']:.2f}×**); "
+                  f"{sum(r['masks_differ'] for r in layers)} mask entries differ, weights within "
+                  f"{max(r['max_weight_difference'] for r in layers):.0e}."]
     lines += ["- Goals: " + "; ".join(f"{name} {figure(g['measured'])} (goal {g['goal']:g}: "
                                       f"{'met' if g['met'] else 'not met' if g['met'] is False else 'not measured'})"
                                       for name, g in data["goals"].items()) + "."]

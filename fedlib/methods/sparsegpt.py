@@ -72,7 +72,8 @@ whole matrix from the original weights (with the Cholesky diagonal).
 Options (constructor keywords, reference defaults): ``percdamp=0.01``, ``blocksize=128``,
 ``dtype="float64"``, and for mask-only mode ``metric_diag="inverse"`` (``[(H+lambda I)^-1]_jj``,
 above) or ``"cholesky"`` (``U_jj^2``, the reference code's block-start value applied to the
-original weights).
+original weights); for update mode ``solve`` (:func:`obs_prune`), by default ``"block"`` on a CUDA
+device and ``"column"`` (the reference's loop) elsewhere.
 """
 
 from __future__ import annotations
