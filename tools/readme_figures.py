@@ -494,17 +494,21 @@ def mask_compression(data: dict) -> str:
     return "\n".join(lines)
 
 
-def domain(rows: list[list[str]]) -> str:
-    """The domain-shift study (reports/domain.csv): every row without the guard columns, and the
-    report's own verdict lines (its Markdown header)."""
-    md = (REPO / "reports/domain.md").read_text().splitlines()
-    provenance = [line.removeprefix("- ") for line in md if line.startswith("- Model:")]
-    verdicts = [line for line in md if line.startswith(("- At ", "- Goal", "- Worse", "- Audited"))]
-    keep = [i for i, name in enumerate(rows[0]) if not name.endswith(" ppl") or name.startswith("PTB")]
-    out = [f"From `reports/domain.csv` (guard columns: see the file): " + "; ".join(provenance), ""]
-    out += ["| " + " | ".join(rows[0][i] for i in keep) + " |", "|" + "---|" * len(keep)]
-    out += ["| " + " | ".join(row[i] for i in keep) + " |" for row in rows[1:]]
-    return "\n".join(out + [""] + verdicts)
+def domain(csv_path: str) -> Callable[[list[list[str]]], str]:
+    """A domain-shift study's report (``csv_path`` and the Markdown beside it): every row without
+    the guard columns, and the report's own verdict lines (its Markdown header)."""
+
+    def render(rows: list[list[str]]) -> str:
+        md = (REPO / csv_path).with_suffix(".md").read_text().splitlines()
+        provenance = [line.removeprefix("- ") for line in md if line.startswith(("- Model:", "- Clients:"))]
+        verdicts = [line for line in md if line.startswith(("- At ", "- Goal", "- Worse", "- Audited"))]
+        keep = [i for i, name in enumerate(rows[0]) if not name.endswith(" ppl") or name.startswith("PTB")]
+        out = [f"From `{csv_path}` (guard columns: see the file): " + " ".join(provenance), ""]
+        out += ["| " + " | ".join(rows[0][i] for i in keep) + " |", "|" + "---|" * len(keep)]
+        out += ["| " + " | ".join(row[i] for i in keep) + " |" for row in rows[1:]]
+        return "\n".join(out + [""] + verdicts)
+
+    return render
 
 
 def _load(path: Path):
@@ -539,7 +543,8 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
         *((table.replace("_", "-"), f"reports/{table}.csv") for analysis in TARGETS for table in analysis.tables),
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
-    "domain": (REPO / "reports/domain.csv", domain),
+    **{name: (REPO / path, domain(path)) for name, path in (
+        ("domain", "reports/domain.csv"), ("domain-n512", "reports/domain_n512/domain.csv"))},
 }
 
 
