@@ -78,15 +78,16 @@ def test_test_config_passes_and_is_not_changed():
     assert config == before  # the config's hash goes into table headers
 
 
-@pytest.mark.parametrize("overlay", [None, "config/gemma.yaml", "config/paper.yaml"])
-def test_shipped_configs_pass(overlay, monkeypatch):
-    """config.yaml, and the files a user passes with --configfile merged over it (as Snakemake
-    does). paper.yaml names a hub model: online it is fetched by the first job."""
+@pytest.mark.parametrize("overlays", [(), ("config/gemma.yaml",), ("config/paper.yaml",), ("config/domain_quick.yaml",),
+                                      ("config/domain_quick.yaml", "config/domain_samples.yaml")])
+def test_shipped_configs_pass(overlays, monkeypatch):
+    """config.yaml, and the files a user passes with --configfile merged over it in order (as
+    Snakemake does). paper.yaml names a hub model: online it is fetched by the first job."""
     if not (REPO.parent / "shared" / "data" / "c4" / "train.jsonl").is_file():
         pytest.skip("the data mirror ../shared/data is not there")
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     config = yaml.safe_load((REPO / "config.yaml").read_text())
-    if overlay:
+    for overlay in overlays:
         update_config(config, yaml.safe_load((REPO / overlay).read_text()))
     check(config, REPO)
 
