@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every check that needs a CUDA device, in one call (a lent GPU machine's lease is minutes): the
-# CUDA tests, then bench_gpu (benchmarks/results/gpu.json, rewritten after each of its stages).
+# CUDA tests, bench_gram (gram.json: SparseGPT's Gram sums by precision), then bench_gpu
+# (benchmarks/results/gpu.json, rewritten after each of its stages).
 # Logs and a copy of gpu.json go to $OUT (default benchmarks/results/device). Needs only a stock
 # GPU image (torch, transformers, safetensors, numpy, scipy, pytest) and a plain checkout:
 #   OUT=/tmp/out benchmarks/device_check.sh COMMIT
@@ -16,6 +17,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvid
 python -m pytest -q -rs -p no:cacheprovider tests/test_device.py tests/test_gpu_path.py tests/test_sparsegpt.py \
     2>&1 | tee "$OUT/pytest.log"
 tests=${PIPESTATUS[0]}
+python benchmarks/bench_gram.py --source-commit "$commit" 2>&1 | tee "$OUT/bench_gram.log"
+cp benchmarks/results/gram.json "$OUT/" 2>/dev/null
 timeout "${BENCH_SECONDS:-420}" python benchmarks/bench_gpu.py --source-commit "$commit" 2>&1 | tee "$OUT/bench_gpu.log"
 bench=${PIPESTATUS[0]}
 cp benchmarks/results/gpu.json "$OUT/" 2>/dev/null
