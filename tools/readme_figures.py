@@ -201,6 +201,16 @@ def gpu(data: dict, evaluate: dict) -> str:
     return "\n".join(lines)
 
 
+def gram(data: dict) -> str:
+    """SparseGPT's Gram sums of one 7B block by precision (benchmarks/bench_gram.py)."""
+    differ = data["max_relative_diagonal_difference_from_float64"]
+    parts = [f"{name} {sec:.2f} s ({data['tflops'][name]:g} TFLOP/s"
+             + ("" if name == "float64" else f", diagonal within {differ[name]:.0e} of float64") + ")"
+             for name, sec in data["seconds_per_block"].items()]
+    return (f"- SparseGPT's Gram sums of one block ({data['tflop_per_block']:g} TFLOP over {data['tokens']:,} tokens, "
+            f"{data['device']}, commit {data.get('commit', '?')}): " + "; ".join(parts) + ".")
+
+
 def perplexity(data: dict) -> str:
     """`fedlib evaluate`'s perplexity path vs a bare forward (benchmarks/bench_perplexity.py)."""
     lines = []
@@ -527,6 +537,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "secagg": (REPO / "benchmarks/results/secagg.json", secagg),
     "flower": (REPO / "benchmarks/results/flower.json", flower),
     "gpu": ((REPO / "benchmarks/results/gpu.json", REPO / "benchmarks/results/gpu_evaluate.json"), gpu),
+    "gram": (REPO / "benchmarks/results/gram.json", gram),
     "perplexity": (REPO / "benchmarks/results/perplexity.json", perplexity),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),
