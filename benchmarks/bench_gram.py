@@ -10,6 +10,11 @@ activations, as the client holds them, in
   so the result does not depend on how the set was cut into batches);
 * ``float32``: ``dtype="float32"`` (float32 matrix products, TF32 off as torch's default);
 
+* ``bf16-products``: not an option of fedlib yet, measured to decide whether to build it: each
+  batch's ``x^T x`` from the bfloat16 activations on the tensor cores with float32 output
+  (``torch.mm(..., out_dtype=torch.float32)``, CUDA only: the products are exact in float32, the
+  sum over a batch's tokens rounds in float32), added to a float64 sum;
+
 and reports each one's largest relative difference from float64 on the diagonal. Random
 activations: time only. Nothing but torch is needed (a stock GPU image runs it):
 
@@ -39,6 +44,26 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 def block_sums(dtype: torch.dtype, batches: list[torch.Tensor], widths: list[int]) -> list[InputGram]:
     grams = [InputGram(dtype) for _ in widths]
+    for batch in batches:
+        for gram, width in zip(grams, widths):
+            gram.add(batch[..., :width])
+    return grams
+
+
+class Bf16ProductsGram:
+    """``bf16-products`` (module docstring): float32 batch products into a float64 sum."""
+
+    def __init__(self):
+        self.xxt = None
+
+    def add(self, inp: torch.Tensor) -> None:
+        x = inp.reshape(-1, inp.shape[-1])
+        batch = torch.mm(x.T, x, out_dtype=torch.float32)
+        self.xxt = batch.double() if self.xxt is None else self.xxt.add_(batch)
+
+
+def bf16_block_sums(batches: list[torch.Tensor], widths: list[int]) -> list[Bf16ProductsGram]:
+    grams = [Bf16ProductsGram() for _ in widths]
     for batch in batches:
         for gram, width in zip(grams, widths):
             gram.add(batch[..., :width])
@@ -78,6 +103,13 @@ def main() -> None:
         grams[name] = block_sums(dtype, batches, widths)
         sync()
         seconds[name] = round(time.perf_counter() - start, 3)
+    if dev.type == "cuda":  # torch's mm with out_dtype has no CPU kernel
+        bf16_block_sums(batches[:1], widths)
+        sync()
+        start = time.perf_counter()
+        grams["bf16-products"] = bf16_block_sums(batches, widths)
+        sync()
+        seconds["bf16-products"] = round(time.perf_counter() - start, 3)
     ref = [g.xxt.diagonal() for g in grams["float64"]]
     differ = {name: float(max(((g.xxt.diagonal().double() - r).abs() / r.abs()).max() for g, r in zip(gs, ref)))
               for name, gs in grams.items()}
@@ -92,7 +124,7 @@ def main() -> None:
         "note": "random bfloat16 activations: time only",
         **({"commit": args.source_commit} if args.source_commit else {}),
     }
-    for name in DTYPES:
+    for name in seconds:
         print(f"  Gram sums of one block, {name}: {seconds[name]:.2f} s ({record['tflops'][name]} TFLOP/s), "
               f"diagonal within {differ[name]:.1e} of float64")
     if not args.no_write:
