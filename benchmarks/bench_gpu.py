@@ -238,6 +238,9 @@ def main() -> None:
     parser.add_argument("--eval-batch-size", type=int, default=4)
     parser.add_argument("--threads", type=int, default=4, help="host threads per process")
     parser.add_argument("--skip-agreement", action="store_true", help="no host-vs-device block-0 masks")
+    parser.add_argument("--sparsegpt-options", default=None,
+                        help='client-mask --method-options of the SparseGPT runs, e.g. \'{"batch_gram": "tensor-cores"}\'')
+    parser.add_argument("--name", default="gpu", help="write benchmarks/results/NAME.json")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--source-commit", default=None,
                         help="the commit measured, where the checkout has no .git (a copy on a GPU machine)")
@@ -269,6 +272,7 @@ def main() -> None:
         "block_bytes": block, "activation_bytes_per_batch": activation_bytes, "stored_activation_bytes": stored_bytes,
         "build": {"seconds_this_run": round(build_seconds, 1), "drawn_on": build.get("device", "cpu"),
                   "bytes": build["bytes"]},
+        "sparsegpt_options": json.loads(args.sparsegpt_options or "{}"),
         "runs": runs, "evaluate": None, "block0_host_vs_device": None, "obs_solve": None,
         "note": "random weights: time and memory only; busy = mean nvidia-smi utilization.gpu over the block loop",
         **({"commit": args.source_commit} if args.source_commit else {}),
@@ -278,7 +282,7 @@ def main() -> None:
         # written after every stage, so a run stopped at a device's time limit keeps what it measured
         record.update(goals=goals(runs, block, activation_bytes, stored_bytes, args), complete=complete)
         if not args.no_write:
-            write("gpu", record)
+            write(args.name, record)
 
     with tempfile.TemporaryDirectory(dir=SCALE_DIR) as tmp:
         work = Path(tmp)
@@ -294,8 +298,10 @@ def main() -> None:
         for method in args.methods:
             for n in (args.small, args.large):
                 key = f"{method} {n}x{args.seqlen}"
+                options = (["--method-options", args.sparsegpt_options]
+                           if method.startswith("sparsegpt") and args.sparsegpt_options else [])
                 runs[key] = client(folder, calib[n], work / f"{method}-{n}.mask.safetensors", method, args, key,
-                                   args.device, args.dtype)
+                                   args.device, args.dtype, options)
                 save(False)
             mask = work / f"wanda-{args.large}.mask.safetensors"
             if method == "wanda" and mask.is_file():

@@ -260,7 +260,7 @@ def test_schema_zeroshot_tasks_are_the_registry():
 def test_method_options_the_method_refuses(method, options, why):
     allowed = {"wanda": "options wanda accepts: none", "owl": "options owl accepts: outlier_m, lam",
                "besa": "options besa accepts: the options its documentation lists",
-               "sparsegpt": "options sparsegpt accepts: percdamp, blocksize, dtype, metric_diag, solve"}[method]
+               "sparsegpt": "options sparsegpt accepts: percdamp, blocksize, dtype, metric_diag, solve, batch_gram"}[method]
     assert_refused(config_with(("pruning.method_options", {method: options})),
                    f"pruning.method_options.{method}", options, allowed, why=why)
 

@@ -252,6 +252,29 @@ def test_cuda_sparsegpt_update_solves_like_the_host_column_loop(group):
     torch.testing.assert_close(w_dev.cpu(), w_host, rtol=1e-9, atol=1e-9)
 
 
+@needs_cuda
+def test_cuda_tensor_core_batch_gram_is_close_to_the_exact_one():
+    """bfloat16 activations: the tensor cores' batch products (float32 sums) give the exact
+    (float64) Gram sum to float32's rounding, and SparseGPT's update nearly the same mask."""
+    from fedlib.methods.sparsegpt import SparseGPTUpdatePruner
+
+    gen = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(256, 64, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(64, 256, generator=gen))
+    layer = layer.cuda()
+    x = (torch.randn(4, 512, 256, generator=gen) * torch.exp(torch.randn(256, generator=gen))).to("cuda", torch.bfloat16)
+    pruners = {mode: SparseGPTUpdatePruner(layer, "l", batch_gram=mode) for mode in ("exact", "tensor-cores")}
+    for pruner in pruners.values():
+        for batch in x:
+            pruner.add_batch(batch)
+    exact, fast = (pruners[m].hessian() for m in ("exact", "tensor-cores"))
+    assert fast.dtype == torch.float64
+    assert float(((fast - exact).abs() / exact.diagonal().sqrt().outer(exact.diagonal().sqrt())).max()) < 1e-4
+    masks = {m: p.prune(0.5, "row", 0) for m, p in pruners.items()}
+    assert float((masks["exact"] == masks["tensor-cores"]).float().mean()) >= 0.99
+
+
 def _net_peak(model, ids, placement) -> tuple[int, float]:
     """Device bytes at the peak of a perplexity run above what the device held before it
     (after a warm-up matmul, so that cuBLAS's workspace is there already), and the perplexity."""

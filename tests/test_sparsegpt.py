@@ -198,6 +198,19 @@ def test_solve_default_is_the_column_loop_on_the_host():
         obs_prune(torch.ones(2, 2), torch.eye(2), solve="rows")
 
 
+def test_tensor_core_batch_gram_needs_half_activations_on_cuda():
+    with pytest.raises(ValueError, match="batch_gram must be one of"):
+        SparseGPTUpdatePruner(make_layer(4, 8), "l", batch_gram="fast")
+    pruner = SparseGPTUpdatePruner(make_layer(4, 8), "l", batch_gram="tensor-cores")
+    with pytest.raises(ValueError, match="needs bfloat16 or float16 activations on a CUDA device, got "
+                                         "torch.float32 on cpu"):
+        pruner.add_batch(torch.randn(3, 8))
+    # linears fed one input share a Gram sum only when they form it alike
+    exact = SparseGPTUpdatePruner(make_layer(4, 8), "l")
+    assert not exact.adopt_statistics(pruner) and not pruner.adopt_statistics(exact)
+    assert SparseGPTUpdatePruner(make_layer(4, 8), "l", batch_gram="tensor-cores").adopt_statistics(pruner)
+
+
 def test_update_does_not_touch_layer_weight_and_zeros_pruned():
     layer = make_layer(10, 24, seed=10)
     before = layer.weight.detach().clone()
