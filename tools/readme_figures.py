@@ -201,6 +201,18 @@ def gpu(data: dict, evaluate: dict) -> str:
     return "\n".join(lines)
 
 
+def gpu_options(data: dict) -> str:
+    """bench_gpu's SparseGPT rows with method options (``--sparsegpt-options``, ``--name``)."""
+    runs = "; ".join(f"{key} {r['seconds_after_open']:.1f} s after the model is open ({r['seconds_per_block']:.2f} s "
+                     f"per block, GPU busy {r['busy_fraction']}, device peak {r['device_peak_gib']} GiB)"
+                     for key, r in data["runs"].items())
+    obs = data.get("obs_solve")
+    return (f"- {data['device']}, torch {data['torch']}, commit {data.get('commit', '?')}, SparseGPT options "
+            f"`{json.dumps(data['sparsegpt_options'])}`: {runs}."
+            + (f" OBS update of one block side by side there: column loop {obs['seconds_per_block']['column']:.2f} s, "
+               f"batched solves {obs['seconds_per_block']['block']:.2f} s ({obs['speedup']:.2f}×)." if obs else ""))
+
+
 def gram(data: dict) -> str:
     """SparseGPT's Gram sums of one 7B block by precision (benchmarks/bench_gram.py)."""
     differ = data["max_relative_diagonal_difference_from_float64"]
@@ -538,6 +550,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "flower": (REPO / "benchmarks/results/flower.json", flower),
     "gpu": ((REPO / "benchmarks/results/gpu.json", REPO / "benchmarks/results/gpu_evaluate.json"), gpu),
     "gram": (REPO / "benchmarks/results/gram.json", gram),
+    "gpu-tensor-gram": (REPO / "benchmarks/results/gpu_tensor_gram.json", gpu_options),
     "perplexity": (REPO / "benchmarks/results/perplexity.json", perplexity),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),
