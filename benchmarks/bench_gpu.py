@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_scale import FEDLIB, FOLDERS, SCALE_DIR, SHAPES, build_checkpoint, calib_file, run_measured  # noqa: E402
-from common import write  # noqa: E402
+from common import add_gpu_arguments, cuda_or_exit, write  # noqa: E402
 
 #: the issue's goals on one H100 at the 7B shape in bfloat16 (seconds after the model is open)
 GOALS = {
@@ -242,12 +242,9 @@ def main() -> None:
                         help='client-mask --method-options of the SparseGPT runs, e.g. \'{"batch_gram": "tensor-cores"}\'')
     parser.add_argument("--name", default="gpu", help="write benchmarks/results/NAME.json")
     parser.add_argument("--no-write", action="store_true", help="print only")
-    parser.add_argument("--source-commit", default=None,
-                        help="the commit measured, where the checkout has no .git (a copy on a GPU machine)")
+    add_gpu_arguments(parser)
     args = parser.parse_args()
-    dev = torch.device(args.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("bench_gpu: no CUDA device here (use --device cpu --shape tiny to try the script)")
+    dev = cuda_or_exit(args.device, "bench_gpu", "--device cpu --shape tiny")
     args.device_index = (dev.index or 0) if dev.type == "cuda" else 0
 
     shape = dict(SHAPES[args.shape])

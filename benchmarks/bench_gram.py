@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import write  # noqa: E402
+from common import add_gpu_arguments, cuda_or_exit, write  # noqa: E402
 
 from fedlib.methods.sparsegpt import InputGram  # noqa: E402
 
@@ -78,12 +78,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--scale", type=int, default=1, help="divide the widths (a quick CPU try)")
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--source-commit", default=None,
-                        help="the commit measured, where the checkout has no .git (a copy on a GPU machine)")
+    add_gpu_arguments(parser)
     args = parser.parse_args()
-    dev = torch.device(args.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("bench_gram: no CUDA device here (use --device cpu --scale 16 to try the script)")
+    dev = cuda_or_exit(args.device, "bench_gram", "--device cpu --scale 16")
     widths = [w // args.scale for w, copies in INPUTS for _ in range(copies)]
     gen = torch.Generator(device=dev).manual_seed(0)
     n_batches = args.samples // args.batch_size

@@ -56,3 +56,17 @@ def write(name: str, payload: dict) -> Path:
 
 
 median = statistics.median
+
+
+def add_gpu_arguments(parser) -> None:
+    """--source-commit, for the GPU benchmarks run from a copy of the checkout without .git."""
+    parser.add_argument("--source-commit", default=None,
+                        help="the commit measured, where the checkout has no .git (a copy on a GPU machine)")
+
+
+def cuda_or_exit(device: str, script: str, try_args: str) -> torch.device:
+    """``device`` as a torch device; exits with a hint where it names CUDA and there is none."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"{script}: no CUDA device here (use {try_args} to try the script)")
+    return dev
