@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_scale import FEDLIB, FOLDERS, SCALE_DIR, SHAPES, build_checkpoint, calib_file, run_measured  # noqa: E402
-from common import add_gpu_arguments, cuda_or_exit, write  # noqa: E402
+from common import add_gpu_arguments, cuda_or_exit, synchronize, write  # noqa: E402
 
 #: the issue's goals on one H100 at the 7B shape in bfloat16 (seconds after the model is open)
 GOALS = {
@@ -179,10 +179,10 @@ def obs_solve(shape: dict, args) -> dict:
         weight = torch.randn(rows, cols, device=dev, dtype=torch.float64, generator=gen)
         results, seconds = {}, {}
         for solve in ("column", "block"):
-            torch.cuda.synchronize(dev) if dev.type == "cuda" else None
+            synchronize(dev)
             t0 = time.perf_counter()
             results[solve] = obs_prune(weight, upper, sparsity=0.5, group="row", name=label, solve=solve)
-            torch.cuda.synchronize(dev) if dev.type == "cuda" else None
+            synchronize(dev)
             seconds[solve] = time.perf_counter() - t0
             totals[solve] += copies * seconds[solve]
         (wc, mc, lc), (wb, mb, lb) = results["column"], results["block"]

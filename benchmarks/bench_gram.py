@@ -9,11 +9,8 @@ activations, as the client holds them, in
 * ``float64``: the default (bfloat16 products are exact in float64 and their sums barely round,
   so the result does not depend on how the set was cut into batches);
 * ``float32``: ``dtype="float32"`` (float32 matrix products, TF32 off as torch's default);
-
-* ``bf16-products``: not an option of fedlib yet, measured to decide whether to build it: each
-  batch's ``x^T x`` from the bfloat16 activations on the tensor cores with float32 output
-  (``torch.mm(..., out_dtype=torch.float32)``, CUDA only: the products are exact in float32, the
-  sum over a batch's tokens rounds in float32), added to a float64 sum;
+* ``bf16-products``: ``batch_gram="tensor-cores"`` (CUDA only): each batch's ``x^T x`` from the
+  bfloat16 activations on the tensor cores with float32 output, added to the float64 sum;
 
 and reports each one's largest relative difference from float64 on the diagonal. Random
 activations: time only. Nothing but torch is needed (a stock GPU image runs it):
@@ -33,37 +30,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import add_gpu_arguments, cuda_or_exit, write  # noqa: E402
+from common import add_gpu_arguments, cuda_or_exit, synchronize, write  # noqa: E402
 
 from fedlib.methods.sparsegpt import InputGram  # noqa: E402
 
 #: the LLaMA-2-7B block's distinct linear inputs (width, how many)
 INPUTS = [(4096, 3), (11008, 1)]
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
+#: variant -> InputGram's (dtype, batch_gram); the last needs CUDA
+VARIANTS = {"float64": (torch.float64, "exact"), "float32": (torch.float32, "exact"),
+            "bf16-products": (torch.float64, "tensor-cores")}
 
 
-def block_sums(dtype: torch.dtype, batches: list[torch.Tensor], widths: list[int]) -> list[InputGram]:
-    grams = [InputGram(dtype) for _ in widths]
-    for batch in batches:
-        for gram, width in zip(grams, widths):
-            gram.add(batch[..., :width])
-    return grams
-
-
-class Bf16ProductsGram:
-    """``bf16-products`` (module docstring): float32 batch products into a float64 sum."""
-
-    def __init__(self):
-        self.xxt = None
-
-    def add(self, inp: torch.Tensor) -> None:
-        x = inp.reshape(-1, inp.shape[-1])
-        batch = torch.mm(x.T, x, out_dtype=torch.float32)
-        self.xxt = batch.double() if self.xxt is None else self.xxt.add_(batch)
-
-
-def bf16_block_sums(batches: list[torch.Tensor], widths: list[int]) -> list[Bf16ProductsGram]:
-    grams = [Bf16ProductsGram() for _ in widths]
+def block_sums(variant: str, batches: list[torch.Tensor], widths: list[int]) -> list[InputGram]:
+    grams = [InputGram(*VARIANTS[variant]) for _ in widths]
     for batch in batches:
         for gram, width in zip(grams, widths):
             gram.add(batch[..., :width])
@@ -88,30 +67,23 @@ def main() -> None:
     batch = torch.randn(args.batch_size, args.seqlen, max(widths), device=dev, generator=gen).to(torch.bfloat16)
     batches = [batch] * n_batches
 
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
-    block_sums(torch.float32, batches[:1], widths)  # the device's library set-up, not timed
-    seconds, grams = {}, {}
-    for name, dtype in DTYPES.items():
-        sync()
-        start = time.perf_counter()
-        grams[name] = block_sums(dtype, batches, widths)
-        sync()
-        seconds[name] = round(time.perf_counter() - start, 3)
+    # the tensor cores' variant has no CPU kernel (torch's mm with out_dtype)
+    variants = [v for v in VARIANTS if dev.type == "cuda" or VARIANTS[v][1] == "exact"]
+    block_sums("float32", batches[:1], widths)  # the device's library set-up, not timed
     unavailable = None
-    if dev.type == "cuda":  # torch's mm with out_dtype has no CPU kernel
+    if "bf16-products" in variants:
         try:
-            bf16_block_sums(batches[:1], widths)
+            block_sums("bf16-products", batches[:1], widths)
         except (RuntimeError, TypeError) as err:  # a torch without mm's out_dtype
             unavailable = f"bf16-products: {err}"
-    if dev.type == "cuda" and unavailable is None:
-        sync()
+            variants.remove("bf16-products")
+    seconds, grams = {}, {}
+    for name in variants:
+        synchronize(dev)
         start = time.perf_counter()
-        grams["bf16-products"] = bf16_block_sums(batches, widths)
-        sync()
-        seconds["bf16-products"] = round(time.perf_counter() - start, 3)
+        grams[name] = block_sums(name, batches, widths)
+        synchronize(dev)
+        seconds[name] = round(time.perf_counter() - start, 3)
     ref = [g.xxt.diagonal() for g in grams["float64"]]
     differ = {name: float(max(((g.xxt.diagonal().double() - r).abs() / r.abs()).max() for g, r in zip(gs, ref)))
               for name, gs in grams.items()}

@@ -64,6 +64,12 @@ def add_gpu_arguments(parser) -> None:
                         help="the commit measured, where the checkout has no .git (a copy on a GPU machine)")
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a no-op on the host), so that a timer sees it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def cuda_or_exit(device: str, script: str, try_args: str) -> torch.device:
     """``device`` as a torch device; exits with a hint where it names CUDA and there is none."""
     dev = torch.device(device)
