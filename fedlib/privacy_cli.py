@@ -14,6 +14,8 @@ The arguments import nothing heavy: the handlers import their stage
     fedlib privacy inversion-client --model M --mask CLIENT.mask.safetensors --shard S.safetensors --prior NAME=P.safetensors ... --out X.json
     fedlib privacy rr-aggregate --model M --epsilon E --group layer --out G.mask.safetensors --record X.json MASKS...
     fedlib privacy dp-federation --model M --public P.safetensors --clients C0 C1 ... --releases JSON --noise-seed S --out-dir D --record X.json
+    fedlib privacy dp-headroom  --model M --public P --clients C0 C1 ... --windows W --variants JSON --out X.json
+    fedlib privacy headroom-report --headroom X.json --public-eval E --central-eval E --out R.md
     fedlib privacy report       --spec JSON
     fedlib privacy scale-report --spec JSON
     fedlib privacy shared-report --spec JSON
@@ -251,6 +253,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                     "<label>/secagg.mask.safetensors")
     p.add_argument("--record", required=True, help="JSON: the guarantees, files and the pass's time")
 
+    p = sub.add_parser("dp-headroom", help="what limits the distributed DP masks: the exact private energies, the "
+                       "shipped estimator at emulated data sizes, and an oracle bound (fedlib.privacy.dp_headroom)")
+    p.add_argument("--model", required=True)
+    _pruning_args(p)
+    p.add_argument("--public", required=True, help="token file of the public text")
+    p.add_argument("--clients", nargs="+", required=True, help="one token file per client")
+    p.add_argument("--windows", required=True, help="token file of the in-domain evaluation windows")
+    p.add_argument("--variants", required=True, help='JSON list of {"estimator" (threshold or oracle), "epsilon", '
+                                                     '"delta" (1e-5), "multipliers" ([1])}; the exact row is added')
+    p.add_argument("--noise-seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--clip", type=float, default=2.0, help="x the public samples' rms deviation (as the study's)")
+    p.add_argument("--eval-dtype", default="bfloat16", help="dtype of the evaluation (the study's: bfloat16)")
+    p.add_argument("--out", required=True, help="JSON: every row's per-window NLL")
+
+    p = sub.add_parser("headroom-report", help="the DP headroom table (fedlib.studies.headroom)")
+    p.add_argument("--headroom", required=True, help="fedlib privacy dp-headroom's JSON")
+    p.add_argument("--public-eval", required=True, help="fedlib evaluate's JSON of public-only on the same windows")
+    p.add_argument("--central-eval", required=True, help="fedlib evaluate's JSON of Centralized on the same windows")
+    p.add_argument("--dataset", default="ptb")
+    p.add_argument("--model-name", required=True, help="the model, as the provenance line names it")
+    p.add_argument("--config", required=True, help="the config files, as the provenance line names them")
+    p.add_argument("--out", required=True, help="writes OUT (markdown) and OUT with .csv")
+
     p = sub.add_parser("domain-report", help="the domain-shift study: private in-domain vs public text, DP rows, "
                        "paired intervals (fedlib.studies.domain)")
     p.add_argument("--spec", required=True, help="JSON: the study's files (fedlib.catalog.domain.DomainCatalog.spec)")
@@ -388,6 +413,38 @@ def _cmd_dp_federation(args) -> None:
     print(f"wrote {len(record['releases'])} releases in {record['seconds']:.1f}s")
 
 
+def _cmd_dp_headroom(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.models import open_model, prunable_layers
+    from fedlib.privacy.dp_headroom import headroom, variants_from_spec
+    from fedlib.privacy.dp_public import tokens_digest
+    from fedlib.runner import Placement
+
+    if args.method != "wanda" or args.method_options:
+        raise ValueError(f"DP masks are plain Wanda's, not {args.method!r} with options {args.method_options}")
+    model, pruning = _open(args)
+    public, _ = load_tokens(Path(args.public))
+    clients = [load_tokens(Path(p))[0] for p in args.clients]
+    windows, _ = load_tokens(Path(args.windows))
+    names = [info.name for info in prunable_layers(model)]
+    variants = variants_from_spec(json.loads(args.variants), args.noise_seeds, args.clip, names, len(clients),
+                                  tokens_digest(public))
+    eval_placement = Placement.resolve(args.device, args.eval_dtype)
+    record = headroom(model, open_model(args.model, eval_placement.dtype), public, clients, windows, pruning,
+                      eval_placement, variants)
+    record.update(public=tokens_digest(public), windows_file=str(args.windows), eval_dtype=args.eval_dtype)
+    _write_json(args.out, record)
+    print(f"wrote {args.out}: {len(record['rows'])} rows")
+
+
+def _cmd_headroom_report(args) -> None:
+    from fedlib.studies.headroom import headroom_table
+
+    for path in headroom_table(Path(args.headroom), Path(args.public_eval), Path(args.central_eval), args.dataset,
+                               Path(args.out), f"Model: {args.model_name}; config {args.config}"):
+        print(f"wrote {path}")
+
+
 def _cmd_membership_shared(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.privacy.stages.membership_shared import membership_shared_audit
@@ -520,7 +577,7 @@ COMMANDS = {
     "membership": _cmd_membership, "membership-shared": _cmd_membership_shared, "secagg": _cmd_secagg,
     "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
     "attribute": _cmd_attribute, "inversion-client": _cmd_inversion_client, "dp-federation": _cmd_dp_federation,
-    "domain-report": _cmd_domain_report,
+    "domain-report": _cmd_domain_report, "dp-headroom": _cmd_dp_headroom, "headroom-report": _cmd_headroom_report,
     **{verb: _cmd_report_tables for verb in REPORTS},
 }
 

@@ -536,3 +536,19 @@ def test_domain_texts_and_sizes(key, value, allowed, why):
     """The public text is never an evaluation set (the message names the overlap), nor the
     control clients' text; the audit's population exceeds the largest data set it audits."""
     assert_refused(config_with((key, value)), key, value, allowed, why=why)
+
+
+def test_domain_headroom_is_checked():
+    """domain.headroom (target domain_headroom): the schema refuses an estimator the analysis lacks
+    and a zero multiplier; without it the target says what to set."""
+    from fedlib.catalog.domain import DomainCatalog
+
+    oracle = {"variants": [{"estimator": "oracle", "epsilon": 8}]}
+    refused = schema_refuses("domain.headroom", {"variants": [{"estimator": "exact", "epsilon": 8}]})
+    assert "'exact' is not one of" in refused
+    schema_refuses("domain.headroom", {"variants": [{"estimator": "oracle", "epsilon": 8, "multipliers": [0]}]})
+    validate(config_with(("domain.headroom", oracle)), str(SCHEMA))
+    with pytest.raises(ValueError, match="no domain.headroom"):
+        DomainCatalog(Catalog(with_schema_defaults(config_with()))).headroom()
+    configured = DomainCatalog(Catalog(with_schema_defaults(config_with(("domain.headroom", oracle)))))
+    assert configured.headroom()["noise_seeds"] == [0]

@@ -408,3 +408,87 @@ def test_membership_audit_of_the_normalised_mechanisms_stays_below_the_proven_ep
         assert private["dp"]["epsilon"] == 0.5 and private["dp"]["releases"] == 4
         for bound in ("epsilon_lr1", "epsilon_split"):
             assert private["attack"][bound]["epsilon_lb"] <= 0.5
+
+
+# --------------------------------------------------------------------------- the headroom analysis
+
+
+def _headroom(model, public, clients, variants):
+    from fedlib.privacy.dp_headroom import collect_statistics, variant_masks
+
+    pruning = Pruning("wanda", SPARSITY, GROUP, SEED, batch_size=4)
+    blocks = collect_statistics(model, public, clients, pruning)
+    return [variant_masks(blocks, v, pruning) for v in variants]
+
+
+def test_headroom_exact_row_is_wanda_on_the_pooled_data_through_the_public_prefix(model):
+    """The exact row (fedlib.privacy.dp_headroom) against the hand-computed reference; far more
+    noise than signal gives the public mask with no coordinate moved, and (almost) none gives
+    the exact row back, for the shipped estimator and the oracle alike."""
+    from fedlib.privacy.dp_headroom import Variant
+
+    public, a, b = _ids(8, seed=2), _ids(5, seed=3, low=64), _ids(7, seed=4)
+    _, public_masks = _pass(model, public, [a], [_no_noise(model, public)])
+    ref = reference_masks(model, torch.cat([a, b]), public_masks)
+    g = DistributedGuarantee(1.0, 1e-5, 1e3, 0, 2.0, count_releases(_names(model)), "x", clients=2)
+    rows = [Variant("exact"), Variant("threshold", g, 1e3, 1e-9), Variant("oracle", g, 1e3, 1e-9),
+            Variant("threshold", g, 1e3, 1e12), Variant("oracle", g, 1e3, 1e12)]
+    (exact, moved), (loud_t, moved_t), (loud_o, _), (quiet_t, _), (quiet_o, _) = _headroom(model, public, [a, b], rows)
+    assert all(torch.equal(exact[n], ref[n]) for n in ref)
+    assert moved > 0 and any(not torch.equal(exact[n], public_masks[n]) for n in ref)  # the data moves the mask
+    assert moved_t == 0
+    for masks in (loud_t, loud_o):
+        assert all(torch.equal(masks[n], public_masks[n]) for n in ref)
+    for masks in (quiet_t, quiet_o):
+        assert all(torch.equal(masks[n], ref[n]) for n in ref)
+
+
+def test_headroom_variants_are_checked():
+    from fedlib.privacy.dp_headroom import Variant, variants_from_spec
+
+    g = DistributedGuarantee(1.0, 1e-5, 2.0, 0, 2.0, 4, "x", clients=2)
+    with pytest.raises(ValueError, match="takes no guarantee"):
+        Variant("exact", g, 2.0)
+    with pytest.raises(ValueError, match="known exact, threshold, oracle"):
+        Variant("median", g, 2.0)
+    with pytest.raises(ValueError, match="finite clip"):
+        Variant("oracle", g)
+    with pytest.raises(ValueError, match="expected keys"):
+        variants_from_spec([{"estimator": "threshold", "eps": 8}], [0], 2.0, ["model.layers.0.mlp.down_proj"], 2, "x")
+    rows = variants_from_spec([{"estimator": "threshold", "epsilon": 8, "multipliers": [1, 4]},
+                               {"estimator": "oracle", "epsilon": 8}], [0, 1], 2.0,
+                              ["model.layers.0.mlp.down_proj"], 2, "x")
+    assert [r.label for r in rows] == ["exact", "threshold-eps8-x1-n0", "threshold-eps8-x1-n1", "threshold-eps8-x4-n0",
+                                       "threshold-eps8-x4-n1", "oracle-eps8-x1-n0", "oracle-eps8-x1-n1"]
+    # the guarantee is the distributed mechanism's at that ε, over the given releases
+    assert rows[1].guarantee.sigma == pytest.approx(calibrate_distributed_sigma(8.0, 1e-5, 1, 2, GRID))
+
+
+def test_headroom_summary_pairs_rows_and_pools_noise_draws():
+    """Kept share against a hand computation: a row at Centralized keeps 100 %, one at public 0 %,
+    and two noise draws pool into their mean with an interval that covers both."""
+    from fedlib.studies.headroom import headroom_summary
+
+    rng = np.random.default_rng(1)
+    public = rng.normal(5.0, 0.3, 20)
+    central = public - 0.1 + rng.normal(0, 0.01, 20)
+    half = public - 0.05
+    rows = [{"estimator": "exact", "epsilon": None, "multiplier": 1.0, "window_nll": central.tolist(), "moved_coordinates": 9},
+            {"estimator": "threshold", "epsilon": 8.0, "multiplier": 1.0, "window_nll": public.tolist(),
+             "moved_coordinates": 0},
+            {"estimator": "threshold", "epsilon": 8.0, "multiplier": 4.0, "window_nll": (half - 0.02).tolist(),
+             "moved_coordinates": 3},
+            {"estimator": "threshold", "epsilon": 8.0, "multiplier": 4.0, "window_nll": (half + 0.02).tolist(),
+             "moved_coordinates": 5}]
+    for i, row in enumerate(rows):
+        row["label"] = f"row{i}"
+    out = headroom_summary({"rows": rows, "samples": 10}, public, central)
+    exact, none, pooled = out
+    gain = (central - public).mean()
+    assert exact["kept"] == pytest.approx(1.0) and none["kept"] == 0.0 and none["ci"] == (0.0, 0.0)
+    assert pooled["kept"] == pytest.approx(-0.05 / gain) and pooled["noise_draws"] == 2
+    assert pooled["kept_by_draw"] == pytest.approx([-0.07 / gain, -0.03 / gain])
+    assert pooled["kept_ci"][0] < pooled["kept"] < pooled["kept_ci"][1] and pooled["samples"] == 40
+    assert pooled["moved"] == 4
+    with pytest.raises(ValueError, match="windows"):
+        headroom_summary({"rows": rows, "samples": 10}, public[:5], central[:5])

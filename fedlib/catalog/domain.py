@@ -22,6 +22,7 @@ DEFAULTS = {
     "control": {"sparsities": [0.7], "seeds": [0]},
     "evaluation": {"dtype": "bfloat16", "windows": None, "guards": ["c4", "wikitext2"], "guard_windows": 8},
     "membership": {"targets": 32, "pairs": 4, "blocks": 1, "seqlen": 64, "population": 128},
+    "headroom": None,
 }
 #: the study's DP mechanisms: (x_dp mechanism, whether it releases in the public basis). The
 #: distributed sum is released per channel: with its low noise a large correction passes, and a
@@ -169,6 +170,31 @@ class DomainCatalog:
         """The audit's sparsity: the middle one of those with DP rows."""
         detail = self.d["detail_sparsities"]
         return float(detail[len(detail) // 2])
+
+    # -- the DP headroom analysis (target domain_headroom) ------------------------------------------
+
+    def headroom_setting(self) -> tuple[float, int]:
+        """(sparsity, data seed) the analysis runs on: the first detail sparsity and data seed."""
+        return float(self.d["detail_sparsities"][0]), int(self.d["seeds"][0])
+
+    def headroom_json(self) -> str:
+        return f"{self.setting('private', *self.headroom_setting())}/headroom.json"
+
+    def headroom_evals(self) -> dict[str, str]:
+        """The public-only and Centralized evaluations the analysis is paired against."""
+        sparsity, seed = self.headroom_setting()
+        return {"public": self.eval_json(self.public_mask(sparsity, seed)),
+                "central": self.eval_json(self.mask("private", sparsity, seed, "central"))}
+
+    def headroom(self) -> dict:
+        """``domain.headroom`` (its variants and noise seeds), or a clear error where it is not set."""
+        if not self.d["headroom"]:
+            raise ValueError("target domain_headroom: the config has no domain.headroom (its variants and noise seeds; "
+                             "see config/domain_samples.yaml)")
+        return {"noise_seeds": [0], **self.d["headroom"]}
+
+    def headroom_outputs(self) -> list[str]:
+        return [f"{self.catalog.reports}/headroom.{ext}" for ext in ("md", "csv")]
 
     # -- evaluation and report -------------------------------------------------------------------
 

@@ -327,6 +327,65 @@ rule domain_report:
         "python -m fedlib privacy domain-report --spec {params.spec:q} > {log} 2>&1"
 
 
+rule domain_headroom_pass:
+    """What limits the distributed DP masks (fedlib.privacy.dp_headroom): the exact private energies,
+    the shipped estimator at emulated data sizes, the oracle bound, on one setting's private data."""
+    input:
+        model=MODEL_READY,
+        public=lambda wc: DOMAIN.pool("public", DOMAIN.headroom_setting()[1]),
+        clients=lambda wc: [DOMAIN.shard("private", DOMAIN.headroom_setting()[1], c) for c in range(DOMAIN.d["clients"])],
+        windows=DOMAIN.eval_windows(DOMAIN.d["private"]),
+    output:
+        DOMAIN.headroom_json(),
+    log:
+        f"{LOGS}/domain/headroom.log",
+    benchmark:
+        f"{BENCH}/domain/headroom.tsv"
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks", tokens=["public", "clients"]),
+        gpu=MODEL_JOB_GPUS,
+    params:
+        model=model_folder,
+        variants=lambda wc: json.dumps(DOMAIN.headroom()["variants"]),
+        seeds=lambda wc: " ".join(str(s) for s in DOMAIN.headroom()["noise_seeds"]),
+        sparsity=DOMAIN.headroom_setting()[0],
+        clip=DOMAIN.d["clip"],
+        batch_size=PRUNE_BATCH,
+        placement=PLACEMENT_ARGS,
+    shell:
+        "python -m fedlib privacy dp-headroom --model {params.model} --public {input.public} --clients {input.clients} "
+        "--windows {input.windows} --variants {params.variants:q} --noise-seeds {params.seeds} --clip {params.clip} "
+        "--method wanda --sparsity {params.sparsity} --group row --seed 0 --batch-size {params.batch_size} "
+        "{params.placement} --eval-dtype {DOMAIN_EVAL_DTYPE} --threads {threads} --out {output} > {log} 2>&1"
+
+
+rule domain_headroom:
+    """The DP headroom table (reports/headroom.{md,csv}; needs domain.headroom; not part of rule all)."""
+    input:
+        headroom=DOMAIN.headroom_json(),
+        **DOMAIN.headroom_evals(),
+    output:
+        DOMAIN.headroom_outputs(),
+    log:
+        f"{LOGS}/report/headroom.log",
+    benchmark:
+        f"{BENCH}/report/headroom.tsv"
+    localrule: True
+    conda:
+        "../../envs/fedlib.yaml"
+    params:
+        dataset=DOMAIN.d["private"],
+        model=config["model"]["name"],
+        config=CATALOG.config_files,
+    shell:
+        "python -m fedlib privacy headroom-report --headroom {input.headroom} --public-eval {input.public} "
+        "--central-eval {input.central} --dataset {params.dataset} --model-name {params.model} --config {params.config:q} "
+        "--out {output[0]} > {log} 2>&1"
+
+
 rule domain:
     """The domain-shift study (reports/domain.{md,csv,png}; not part of rule all)."""
     input:
