@@ -260,7 +260,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--public", required=True, help="token file of the public text")
     p.add_argument("--clients", nargs="+", required=True, help="one token file per client")
     p.add_argument("--windows", required=True, help="token file of the in-domain evaluation windows")
-    p.add_argument("--variants", required=True, help='JSON list of {"estimator" (threshold or oracle), "epsilon", '
+    p.add_argument("--variants", required=True, help='JSON list of {"estimator" (threshold, posterior or oracle), "epsilon", '
                                                      '"delta" (1e-5), "multipliers" ([1])}; the exact row is added')
     p.add_argument("--noise-seeds", type=int, nargs="+", default=[0])
     p.add_argument("--clip", type=float, default=2.0, help="x the public samples' rms deviation (as the study's)")

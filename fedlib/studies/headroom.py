@@ -19,6 +19,7 @@ from fedlib.studies.domain import BOOTSTRAP, _change_cell, _interval, _load, _wi
 
 ESTIMATOR_TITLES = {"exact": "exact private energies (no clip, no noise)",
                     "threshold": "shipped estimator (soft threshold)",
+                    "posterior": "empirical-Bayes posterior mean (candidate, private)",
                     "oracle": "oracle shrinkage (reads the private mean: a bound, not a mechanism)"}
 
 
@@ -76,7 +77,8 @@ def headroom_table(headroom: Path, public_eval: Path, central_eval: Path, datase
         f"({gain:+.1%}): the gain a row keeps is its Δ over this one.",
         "- Rows (fedlib.privacy.dp_headroom): the exact private energies through the public prefix; the shipped "
         "estimator at the noise of the distributed mechanism's guarantee at ε divided by the data multiplier "
-        "(the noise of a federation with that many times the samples); the oracle shrinkage, which reads the "
+        "(the noise of a federation with that many times the samples); a candidate estimator, each coordinate's "
+        "posterior mean under the prior fitted to the input's noisy coordinates (post-processing: as private); the oracle shrinkage, which reads the "
         "private mean and so bounds any coordinate-by-coordinate post-processing of this release.",
         "- Intervals: 95 %, bootstrap over the row's noise draws and the windows.",
         "",
