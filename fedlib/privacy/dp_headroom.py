@@ -5,7 +5,8 @@ noisy mean of the clients' clipped relative channel-energy deviations and soft-t
 toward the public prior. This module asks what limits it, on the clients' real statistics:
 
 - ``exact``: the private channel energies themselves (no clip, no noise) through the public
-  mask's prefix: the most any release through that prefix can keep.
+  mask's prefix: what the statistic says without privacy (not a ceiling: a clipped, shrunk
+  estimate can give a better mask, as mixing public and private text can).
 - ``threshold``: the shipped estimator (:func:`fedlib.privacy.dp_public.shrunk_energies`) at the
   noise of the mechanism's guarantee at ε, divided by ``multiplier``. The noise on a mean of
   ``multiplier`` x n samples of the same distribution is that much smaller, so this emulates a
@@ -18,11 +19,12 @@ toward the public prior. This module asks what limits it, on the clients' real s
   above the noise, this shrinks each coordinate by how often values like it are signal.
 - ``oracle``: each coordinate of the noisy mean scaled by mu^2 / (mu^2 + s^2), with mu the true
   clipped mean and s the noise's std. It reads the private mean, so it is **not** a private
-  mechanism: it bounds what any coordinate-by-coordinate post-processing of this release can
-  keep (the linear shrinkage with the smallest expected squared error per coordinate).
+  mechanism: the best scaling of each coordinate by a constant of its own (smallest expected
+  squared error), a reference for the others, not a bound (a nonlinear estimator such as
+  ``posterior`` can give better masks).
 
 Continuous Gaussian noise of the guarantee's std stands in for the discrete Gaussian shares
-(same variance; the grid's rounding is below 1e-4 of a step of the clip). Everything goes
+(same variance; the grid's rounding, 1/65536 of the clip per coordinate, is negligible next to it). Everything goes
 through the same pass as :func:`fedlib.privacy.dp_public.federation_pass`: statistics of block
 b through blocks < b pruned by the public mask.
 """

@@ -20,7 +20,7 @@ from fedlib.studies.domain import BOOTSTRAP, _change_cell, _interval, _load, _wi
 ESTIMATOR_TITLES = {"exact": "exact private energies (no clip, no noise)",
                     "threshold": "shipped estimator (soft threshold)",
                     "posterior": "empirical-Bayes posterior mean (candidate, private)",
-                    "oracle": "oracle shrinkage (reads the private mean: a bound, not a mechanism)"}
+                    "oracle": "oracle linear shrinkage (reads the private mean: a reference, not a mechanism)"}
 
 
 def _rows_by_group(record: dict) -> dict[tuple, list[dict]]:
@@ -78,8 +78,9 @@ def headroom_table(headroom: Path, public_eval: Path, central_eval: Path, datase
         "- Rows (fedlib.privacy.dp_headroom): the exact private energies through the public prefix; the shipped "
         "estimator at the noise of the distributed mechanism's guarantee at ε divided by the data multiplier "
         "(the noise of a federation with that many times the samples); a candidate estimator, each coordinate's "
-        "posterior mean under the prior fitted to the input's noisy coordinates (post-processing: as private); the oracle shrinkage, which reads the "
-        "private mean and so bounds any coordinate-by-coordinate post-processing of this release.",
+        "posterior mean under the prior fitted to the input's noisy coordinates (post-processing: as private); the oracle linear shrinkage, which reads the "
+        "private mean (each coordinate scaled by its own best constant: a reference, not a private estimator and "
+        "not a bound).",
         "- Intervals: 95 %, bootstrap over the row's noise draws and the windows.",
         "",
     ]
