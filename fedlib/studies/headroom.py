@@ -69,7 +69,7 @@ def headroom_table(headroom: Path, public_eval: Path, central_eval: Path, datase
     lines = [
         "# DP headroom: what limits the distributed mechanism's masks",
         "",
-        f"- {provenance}; written by {written_by()}.",
+        f"- {provenance}; written by {written_by()}",
         f"- Clients' samples: {record['samples']} ({record['clients']} clients); clip {record['clip']:g} × the public "
         f"scale; {record['coordinates']} released coordinates; evaluation: {record['windows']} {dataset} test windows "
         f"in {record['eval_dtype']}, the study's public-only and Centralized rows' windows.",
