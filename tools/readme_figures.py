@@ -563,6 +563,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     **{name: (REPO / path, table_csv(REPO / path)) for name, path in (
         ("table12-run", "reports/table12_run.csv"),
         ("domain-headroom", "reports/domain_n512/headroom.csv"),
+        ("domain-headroom-n1024", "reports/domain_n1024/headroom.csv"),
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
         # every table of the named privacy targets (fedlib.privacy_analyses)
         *((table.replace("_", "-"), f"reports/{table}.csv") for analysis in TARGETS for table in analysis.tables),
