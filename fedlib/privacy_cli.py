@@ -108,6 +108,14 @@ def _pruning_args(p, blocks: bool = False) -> None:
                        help="masks of decoder blocks 0..B-1 only ('all' = the whole model)")
 
 
+def _dp_federation_args(p) -> None:
+    """What a simulated DP federation reads (:func:`_dp_federation_inputs`)."""
+    p.add_argument("--model", required=True)
+    _pruning_args(p)
+    p.add_argument("--public", required=True, help="token file of the public text")
+    p.add_argument("--clients", nargs="+", required=True, help="one token file per client")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="analysis", required=True)
 
@@ -241,10 +249,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("dp-federation", help="a simulated DP federation: every client's normalised DP mask and the "
                        "distributed mechanism's, per release, from one pass (fedlib.privacy.stages.dp_federation)")
-    p.add_argument("--model", required=True)
-    _pruning_args(p)
-    p.add_argument("--public", required=True, help="token file of the public text")
-    p.add_argument("--clients", nargs="+", required=True, help="one token file per client")
+    _dp_federation_args(p)
     p.add_argument("--releases", required=True, help='JSON list of {"label", "mechanism" (normalised or distributed), '
                                                      '"epsilon", "delta", "clip", "basis"}')
     p.add_argument("--noise-seed", type=int, required=True,
@@ -254,11 +259,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--record", required=True, help="JSON: the guarantees, files and the pass's time")
 
     p = sub.add_parser("dp-headroom", help="what limits the distributed DP masks: the exact private energies, the "
-                       "shipped estimator at emulated data sizes, and an oracle bound (fedlib.privacy.dp_headroom)")
-    p.add_argument("--model", required=True)
-    _pruning_args(p)
-    p.add_argument("--public", required=True, help="token file of the public text")
-    p.add_argument("--clients", nargs="+", required=True, help="one token file per client")
+                       "shipped estimator and a candidate at emulated data sizes, an oracle reference "
+                       "(fedlib.privacy.dp_headroom)")
+    _dp_federation_args(p)
     p.add_argument("--windows", required=True, help="token file of the in-domain evaluation windows")
     p.add_argument("--variants", required=True, help='JSON list of {"estimator" (threshold, posterior or oracle), "epsilon", '
                                                      '"delta" (1e-5), "multipliers" ([1])}; the exact row is added')
@@ -399,15 +402,21 @@ def _cmd_membership(args) -> None:
     _write_json(args.out, result)
 
 
-def _cmd_dp_federation(args) -> None:
+def _dp_federation_inputs(args):
+    """(model, pruning, public ids, each client's ids) of a simulated DP federation (plain Wanda)."""
     from fedlib.data import load_tokens
-    from fedlib.privacy.stages.dp_federation import simulate
 
     if args.method != "wanda" or args.method_options:
         raise ValueError(f"DP masks are plain Wanda's, not {args.method!r} with options {args.method_options}")
     model, pruning = _open(args)
     public, _ = load_tokens(Path(args.public))
-    clients = [load_tokens(Path(p))[0] for p in args.clients]
+    return model, pruning, public, [load_tokens(Path(p))[0] for p in args.clients]
+
+
+def _cmd_dp_federation(args) -> None:
+    from fedlib.privacy.stages.dp_federation import simulate
+
+    model, pruning, public, clients = _dp_federation_inputs(args)
     record = simulate(model, public, clients, json.loads(args.releases), Path(args.out_dir), pruning, args.noise_seed)
     _write_json(args.record, record)
     print(f"wrote {len(record['releases'])} releases in {record['seconds']:.1f}s")
@@ -420,11 +429,7 @@ def _cmd_dp_headroom(args) -> None:
     from fedlib.privacy.dp_public import tokens_digest
     from fedlib.runner import Placement
 
-    if args.method != "wanda" or args.method_options:
-        raise ValueError(f"DP masks are plain Wanda's, not {args.method!r} with options {args.method_options}")
-    model, pruning = _open(args)
-    public, _ = load_tokens(Path(args.public))
-    clients = [load_tokens(Path(p))[0] for p in args.clients]
+    model, pruning, public, clients = _dp_federation_inputs(args)
     windows, _ = load_tokens(Path(args.windows))
     names = [info.name for info in prunable_layers(model)]
     variants = variants_from_spec(json.loads(args.variants), args.noise_seeds, args.clip, names, len(clients),

@@ -473,3 +473,16 @@ def test_domain_target_runs(tmp_path):
     md = (tmp_path / "reports" / "domain.md").read_text()
     assert "Worse than public-only beyond the interval" in md and "Audited ε ≤ proven ε" in md
     assert (tmp_path / "reports" / "domain.png").stat().st_size > 0
+    # domain_headroom over the study's files: the pass and its table, paired against the same windows
+    (tmp_path / "headroom.yaml").write_text(
+        "domain:\n  headroom:\n    variants: [{estimator: posterior, epsilon: 8, multipliers: [1, 4]}]\n"
+        "    noise_seeds: [0, 1]\n")
+    snakemake(tmp_path, "domain_headroom", "--configfile", "config.yaml", "headroom.yaml")
+    record = json.loads((base / "private/s0/sp0.5/headroom.json").read_text())
+    assert [r["label"] for r in record["rows"]] == ["exact", "posterior-eps8-x1-n0", "posterior-eps8-x1-n1",
+                                                    "posterior-eps8-x4-n0", "posterior-eps8-x4-n1"]
+    public = json.loads((base / "public/s0/sp0.5/public.eval.json").read_text())["perplexity"]["ptb"]
+    assert all(len(r["window_nll"]) == public["windows"] for r in record["rows"])
+    headroom = list(csv.reader((tmp_path / "reports" / "headroom.csv").open()))
+    assert [r[2] for r in headroom[1:]] == ["1", "1", "4"] and [r[4] for r in headroom[1:]] == ["1", "2", "2"]
+    assert f"Public-only ptb ppl {public['ppl']:.2f}" in (tmp_path / "reports" / "headroom.md").read_text()
