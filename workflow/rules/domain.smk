@@ -333,7 +333,9 @@ rule domain_headroom_pass:
     input:
         model=MODEL_READY,
         public=lambda wc: DOMAIN.pool("public", DOMAIN.headroom_setting()[1]),
-        clients=lambda wc: [DOMAIN.shard("private", DOMAIN.headroom_setting()[1], c) for c in range(DOMAIN.d["clients"])],
+        clients=lambda wc: [
+            DOMAIN.shard("private", DOMAIN.headroom_setting()[1], c) for c in range(DOMAIN.d["clients"])
+        ],
         windows=DOMAIN.eval_windows(DOMAIN.d["private"]),
     output:
         DOMAIN.headroom_json(),
@@ -365,8 +367,8 @@ rule domain_headroom_pass:
 rule domain_headroom:
     """The DP headroom table (reports/headroom.{md,csv}; needs domain.headroom; not part of rule all)."""
     input:
-        headroom=DOMAIN.headroom_json(),
         **DOMAIN.headroom_evals(),
+        headroom=DOMAIN.headroom_json(),
     output:
         DOMAIN.headroom_outputs(),
     log:
