@@ -268,6 +268,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--noise-seeds", type=int, nargs="+", default=[0])
     p.add_argument("--clip", type=float, default=2.0, help="x the public samples' rms deviation (as the study's)")
     p.add_argument("--eval-dtype", default="bfloat16", help="dtype of the evaluation (the study's: bfloat16)")
+    p.add_argument("--eval-threads", type=int, default=1,
+                   help="CPU threads of the evaluation: as many as the paired evaluations had (bfloat16 sums on "
+                        "the CPU depend on it; the domain study evaluates on 1)")
     p.add_argument("--out", required=True, help="JSON: every row's per-window NLL")
 
     p = sub.add_parser("headroom-report", help="the DP headroom table (fedlib.studies.headroom)")
@@ -436,7 +439,7 @@ def _cmd_dp_headroom(args) -> None:
                                   tokens_digest(public))
     eval_placement = Placement.resolve(args.device, args.eval_dtype)
     record = headroom(model, open_model(args.model, eval_placement.dtype), public, clients, windows, pruning,
-                      eval_placement, variants)
+                      eval_placement, variants, args.eval_threads)
     record.update(public=tokens_digest(public), windows_file=str(args.windows), eval_dtype=args.eval_dtype)
     _write_json(args.out, record)
     print(f"wrote {args.out}: {len(record['rows'])} rows")

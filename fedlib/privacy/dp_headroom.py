@@ -231,17 +231,26 @@ def variants_from_spec(spec: Sequence[dict], noise_seeds: Sequence[int], clip: f
 
 
 def headroom(model, eval_model, public_ids: torch.Tensor, clients_ids: Sequence[torch.Tensor],
-             windows: torch.Tensor, pruning: Pruning, eval_placement, variants: Sequence[Variant]) -> dict:
+             windows: torch.Tensor, pruning: Pruning, eval_placement, variants: Sequence[Variant],
+             eval_threads: int = 1) -> dict:
     """Every variant's masks from one statistics pass, each scored on ``windows`` (per-window
-    NLL, :func:`fedlib.evaluate.perplexity.perplexity`) by ``eval_model`` on ``eval_placement``."""
+    NLL, :func:`fedlib.evaluate.perplexity.perplexity`) by ``eval_model`` on ``eval_placement``
+    with ``eval_threads`` CPU threads: bfloat16 sums on the CPU depend on the thread count, so
+    rows paired with ``fedlib evaluate`` results must be scored on as many threads as those were."""
     from fedlib.evaluate.perplexity import perplexity
 
     blocks = collect_statistics(model, public_ids, clients_ids, pruning)
     names_by_block = {b.index: list(b.weights) for b in blocks}
     rows = []
+    threads = torch.get_num_threads()
     for variant in variants:
         masks, moved = variant_masks(blocks, variant, pruning)
-        score = perplexity(eval_model, windows, 1, placement=eval_placement, variant=block_variant(masks, names_by_block))
+        torch.set_num_threads(eval_threads)
+        try:
+            score = perplexity(eval_model, windows, 1, placement=eval_placement,
+                               variant=block_variant(masks, names_by_block))
+        finally:
+            torch.set_num_threads(threads)
         g = variant.guarantee
         rows.append({"label": variant.label, "estimator": variant.estimator, "multiplier": variant.multiplier,
                      "noise_seed": variant.noise_seed, "epsilon": None if g is None else g.epsilon,
@@ -250,4 +259,5 @@ def headroom(model, eval_model, public_ids: torch.Tensor, clients_ids: Sequence[
         print(f"dp-headroom {variant.label}: ppl {score['ppl']:.2f}, {moved} coordinates off the prior", flush=True)
     coordinates = sum(s.prior.dim for b in blocks for s in b.inputs.values())
     return {"samples": int(sum(int(c.shape[0]) for c in clients_ids)), "clients": len(clients_ids),
-            "coordinates": coordinates, "clip": variants[-1].clip, "windows": int(windows.shape[0]), "rows": rows}
+            "coordinates": coordinates, "clip": variants[-1].clip, "windows": int(windows.shape[0]),
+            "eval_threads": eval_threads, "rows": rows}

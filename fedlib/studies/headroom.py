@@ -72,7 +72,8 @@ def headroom_table(headroom: Path, public_eval: Path, central_eval: Path, datase
         f"- {provenance}; written by {written_by()}",
         f"- Clients' samples: {record['samples']} ({record['clients']} clients); clip {record['clip']:g} × the public "
         f"scale; {record['coordinates']} released coordinates; evaluation: {record['windows']} {dataset} test windows "
-        f"in {record['eval_dtype']}, the study's public-only and Centralized rows' windows.",
+        f"in {record['eval_dtype']} on {record['eval_threads']} CPU thread(s), the study's public-only and "
+        f"Centralized rows' windows.",
         f"- Public-only {dataset} ppl {math.exp(pub_nll.mean()):.2f}; Centralized {math.exp(cen_nll.mean()):.2f} "
         f"({gain:+.1%}): the gain a row keeps is its Δ over this one.",
         "- Rows (fedlib.privacy.dp_headroom): the exact private energies through the public prefix; the shipped "

@@ -361,7 +361,7 @@ rule domain_headroom_pass:
         "python -m fedlib privacy dp-headroom --model {params.model} --public {input.public} --clients {input.clients} "
         "--windows {input.windows} --variants {params.variants:q} --noise-seeds {params.seeds} --clip {params.clip} "
         "--method wanda --sparsity {params.sparsity} --group row --seed 0 --batch-size {params.batch_size} "
-        "{params.placement} --eval-dtype {DOMAIN_EVAL_DTYPE} --threads {threads} --out {output} > {log} 2>&1"
+        "{params.placement} --eval-dtype {DOMAIN_EVAL_DTYPE} --eval-threads 1 --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule domain_headroom:
