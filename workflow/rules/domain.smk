@@ -357,11 +357,12 @@ rule domain_headroom_pass:
         clip=DOMAIN.d["clip"],
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
+        eval_dtype=DOMAIN_EVAL_DTYPE,
     shell:
         "python -m fedlib privacy dp-headroom --model {params.model} --public {input.public} --clients {input.clients} "
         "--windows {input.windows} --variants {params.variants:q} --noise-seeds {params.seeds} --clip {params.clip} "
         "--method wanda --sparsity {params.sparsity} --group row --seed 0 --batch-size {params.batch_size} "
-        "{params.placement} --eval-dtype {DOMAIN_EVAL_DTYPE} --eval-threads 1 --threads {threads} --out {output} > {log} 2>&1"
+        "{params.placement} --eval-dtype {params.eval_dtype} --eval-threads 1 --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule domain_headroom:
@@ -370,7 +371,8 @@ rule domain_headroom:
         **DOMAIN.headroom_evals(),
         headroom=DOMAIN.headroom_json(),
     output:
-        DOMAIN.headroom_outputs(),
+        md=DOMAIN.headroom_outputs()[0],
+        csv=DOMAIN.headroom_outputs()[1],
     log:
         f"{LOGS}/report/headroom.log",
     benchmark:
@@ -385,7 +387,7 @@ rule domain_headroom:
     shell:
         "python -m fedlib privacy headroom-report --headroom {input.headroom} --public-eval {input.public} "
         "--central-eval {input.central} --dataset {params.dataset} --model-name {params.model} --config {params.config:q} "
-        "--out {output[0]} > {log} 2>&1"
+        "--out {output.md} > {log} 2>&1"
 
 
 rule domain:
