@@ -193,8 +193,8 @@ class DomainCatalog:
                              "see config/domain_samples.yaml)")
         return {"noise_seeds": [0], **self.d["headroom"]}
 
-    def headroom_outputs(self) -> list[str]:
-        return [f"{self.catalog.reports}/headroom.{ext}" for ext in ("md", "csv")]
+    def headroom_outputs(self) -> dict[str, str]:
+        return {ext: f"{self.catalog.reports}/headroom.{ext}" for ext in ("md", "csv")}
 
     # -- evaluation and report -------------------------------------------------------------------
 

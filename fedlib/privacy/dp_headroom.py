@@ -39,7 +39,6 @@ import torch
 
 from fedlib.client import Pruning, decide_block
 from fedlib.groups import seeded_generator
-from fedlib.methods.base import LayerPruner
 from fedlib.privacy.dp import input_key
 from fedlib.privacy.dp_public import EstimatedWanda, PublicPrior, PublicWanda, clip_rows, noise_threshold
 from fedlib.runner import BlockDecision, BlockRunner
@@ -48,27 +47,6 @@ from fedlib.runner import BlockDecision, BlockRunner
 ESTIMATORS = ("exact", "threshold", "posterior", "oracle")
 #: the posterior estimator's prior: support points (plus 0) and EM iterations
 PRIOR_GRID, PRIOR_ITERATIONS = 201, 300
-
-
-class SampleEnergies(LayerPruner):
-    """Each sample's channel energies (sum over its tokens of x^2), float64, of one input;
-    linears that read one input share one collector."""
-
-    def __init__(self, layer, layer_name: str):
-        super().__init__(layer, layer_name)
-        self.rows: list[torch.Tensor] = []
-        self.tokens = 0
-
-    def adopt_statistics(self, other) -> bool:
-        if not isinstance(other, SampleEnergies):
-            return False
-        self.rows = other.rows
-        return True
-
-    def add_batch(self, inp: torch.Tensor) -> None:
-        x = inp.detach().to("cpu", torch.float64)
-        self.rows.append((x * x).sum(dim=1))
-        self.tokens = int(x.shape[1])
 
 
 @dataclass
@@ -119,15 +97,15 @@ def collect_statistics(model, public_ids: torch.Tensor, clients_ids: Sequence[to
     for step in runner.steps():
         public = {name: PublicWanda(linear, name) for name, linear in step.linears.items()}
         step.collect(0, public)
-        private = {name: SampleEnergies(linear, name) for name, linear in step.linears.items()}
+        # the public collector keeps each sample's channel energies: the private samples' too
+        private = {name: PublicWanda(linear, name) for name, linear in step.linears.items()}
         step.collect(1, private)
         inputs = {}
         for name in step.linears:
             key = input_key(name)
             if key not in inputs:
-                prior = public[name].prior()
-                energies = torch.cat(private[name].rows)
-                inputs[key] = InputStatistics(prior, prior.represent(energies, private[name].tokens))
+                prior, stats = public[name].prior(), private[name].stats
+                inputs[key] = InputStatistics(prior, prior.represent(torch.cat(stats["samples"]), stats["seqlen"]))
         weights = {name: linear.weight.detach().to("cpu", torch.float32).clone()
                    for name, linear in step.linears.items()}
         blocks.append(BlockStatistics(step.index, inputs, weights))
@@ -172,9 +150,14 @@ class _Linear:
         self.weight = weight
 
 
+def released_coordinates(blocks: Sequence[BlockStatistics]) -> int:
+    """The coordinates the mechanism releases over every block (the threshold's family)."""
+    return sum(s.prior.dim for b in blocks for s in b.inputs.values())
+
+
 def variant_masks(blocks: Sequence[BlockStatistics], variant: Variant, pruning: Pruning) -> tuple[dict, int]:
     """(layer -> mask, coordinates moved off the public prior) of one variant."""
-    coordinates = sum(s.prior.dim for b in blocks for s in b.inputs.values())
+    coordinates = released_coordinates(blocks)
     masks, moved = {}, 0
     for block in blocks:
         energies = {}
@@ -257,7 +240,6 @@ def headroom(model, eval_model, public_ids: torch.Tensor, clients_ids: Sequence[
                      "sigma": None if g is None else g.sigma, "releases": None if g is None else g.releases,
                      "moved_coordinates": moved, "ppl": score["ppl"], "window_nll": score["window_nll"]})
         print(f"dp-headroom {variant.label}: ppl {score['ppl']:.2f}, {moved} coordinates off the prior", flush=True)
-    coordinates = sum(s.prior.dim for b in blocks for s in b.inputs.values())
     return {"samples": int(sum(int(c.shape[0]) for c in clients_ids)), "clients": len(clients_ids),
-            "coordinates": coordinates, "clip": variants[-1].clip, "windows": int(windows.shape[0]),
+            "coordinates": released_coordinates(blocks), "windows": int(windows.shape[0]),
             "eval_threads": eval_threads, "rows": rows}

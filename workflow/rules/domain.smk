@@ -329,13 +329,12 @@ rule domain_report:
 
 rule domain_headroom_pass:
     """What limits the distributed DP masks (fedlib.privacy.dp_headroom): the exact private energies,
-    the shipped estimator at emulated data sizes, the oracle bound, on one setting's private data."""
+    the shipped estimator and a candidate at emulated data sizes, an oracle reference, on one
+    setting's private data."""
     input:
         model=MODEL_READY,
-        public=lambda wc: DOMAIN.pool("public", DOMAIN.headroom_setting()[1]),
-        clients=lambda wc: [
-            DOMAIN.shard("private", DOMAIN.headroom_setting()[1], c) for c in range(DOMAIN.d["clients"])
-        ],
+        public=DOMAIN.pool("public", DOMAIN.headroom_setting()[1]),
+        clients=[DOMAIN.shard("private", DOMAIN.headroom_setting()[1], c) for c in range(DOMAIN.d["clients"])],
         windows=DOMAIN.eval_windows(DOMAIN.d["private"]),
     output:
         DOMAIN.headroom_json(),
@@ -371,8 +370,7 @@ rule domain_headroom:
         **DOMAIN.headroom_evals(),
         headroom=DOMAIN.headroom_json(),
     output:
-        md=DOMAIN.headroom_outputs()[0],
-        csv=DOMAIN.headroom_outputs()[1],
+        **DOMAIN.headroom_outputs(),
     log:
         f"{LOGS}/report/headroom.log",
     benchmark:
