@@ -213,6 +213,17 @@ def gpu_options(data: dict) -> str:
                f"batched solves {obs['seconds_per_block']['block']:.2f} s ({obs['speedup']:.2f}×)." if obs else ""))
 
 
+def gpu_options_side_by_side(base: dict, other: dict) -> str:
+    """Two bench_gpu runs that differ in SparseGPT options, and the time ratio per run where they share a card."""
+    lines = [gpu_options(base), gpu_options(other)]
+    if (base["device"], base.get("commit")) != (other["device"], other.get("commit")):
+        return "\n".join(lines + ["- Not side by side: different cards or commits, so no ratio."])
+    ratios = "; ".join(f"{key} {r['seconds_after_open'] / other['runs'][key]['seconds_after_open']:.2f}×"
+                       for key, r in base["runs"].items() if key in other["runs"])
+    return "\n".join(lines + [f"- Same card and commit, {json.dumps(base['sparsegpt_options'])} over "
+                               f"{json.dumps(other['sparsegpt_options'])} (time after the model is open): {ratios}."])
+
+
 def gram(data: dict) -> str:
     """SparseGPT's Gram sums of one 7B block by precision (benchmarks/bench_gram.py)."""
     differ = data["max_relative_diagonal_difference_from_float64"]
@@ -550,7 +561,8 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "flower": (REPO / "benchmarks/results/flower.json", flower),
     "gpu": ((REPO / "benchmarks/results/gpu.json", REPO / "benchmarks/results/gpu_evaluate.json"), gpu),
     "gram": (REPO / "benchmarks/results/gram.json", gram),
-    "gpu-tensor-gram": (REPO / "benchmarks/results/gpu_tensor_gram.json", gpu_options),
+    "gpu-tensor-gram": ((REPO / "benchmarks/results/gpu_sparsegpt_exact.json",
+                         REPO / "benchmarks/results/gpu_tensor_gram.json"), gpu_options_side_by_side),
     "perplexity": (REPO / "benchmarks/results/perplexity.json", perplexity),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),
