@@ -44,7 +44,7 @@ def add_dp_arguments(p, noise_seed: bool = True) -> None:
                         "own (rms) deviation")
     p.add_argument("--dp-mechanism", default="gaussian", choices=["gaussian", "normalised", "distributed"],
                    help="gaussian: raw statistics, clamped (fedlib.privacy.dp); normalised: deviations from the public "
-                        "text's statistics through the public mask's prefix, soft-thresholded toward them (degrades to the public "
+                        "text's statistics through the public mask's prefix, shrunk toward them (--dp-estimator; degrades to the public "
                         "mask; fedlib.privacy.dp_public); distributed: their secure sum over --dp-clients clients "
                         "(audits only: fedlib privacy dp-federation simulates a federation)")
     p.add_argument("--dp-public", help="normalised/distributed: the public text (token file) the statistics are "
@@ -53,6 +53,11 @@ def add_dp_arguments(p, noise_seed: bool = True) -> None:
                                                 "K leading token directions instead of every channel (default: every "
                                                 "channel)")
     p.add_argument("--dp-clients", type=int, help="distributed: the clients that each add 1/sqrt(K) of the noise")
+    p.add_argument("--dp-estimator", choices=["threshold", "posterior"],
+                   help="normalised/distributed: how the noisy deviations become the estimate (post-processing, "
+                        "recorded in x_dp): threshold (default) soft-thresholds them at the noise's family-wise bound "
+                        "(the public mask bit for bit where nothing stands out); posterior takes each one's posterior "
+                        "mean under the prior fitted to them (keeps more of a domain's gain)")
     if noise_seed:
         p.add_argument("--dp-noise-seed", type=int,
                        help="the DP noise's seed: a secret, never written to the mask file (whoever knows it can "
@@ -63,7 +68,8 @@ def dp_target_from_args(args):
     """``--dp-*`` as a :class:`fedlib.privacy.dp.DPTarget` (the Gaussian mechanism) or a
     :class:`fedlib.privacy.dp_public.PublicDP` (``--dp-mechanism normalised|distributed``), or None
     without ``--dp-epsilon`` (``inf`` = the plain Gaussian path, recorded as no DP)."""
-    prior_options = {"--dp-public": args.dp_public, "--dp-basis": args.dp_basis, "--dp-clients": args.dp_clients}
+    prior_options = {"--dp-public": args.dp_public, "--dp-basis": args.dp_basis, "--dp-clients": args.dp_clients,
+                     "--dp-estimator": args.dp_estimator}
     if args.dp_epsilon is None:
         if (args.dp_delta is not None or args.dp_clip is not None or getattr(args, "dp_noise_seed", None) is not None
                 or args.dp_mechanism != "gaussian" or any(v is not None for v in prior_options.values())):
@@ -84,4 +90,4 @@ def dp_target_from_args(args):
     if args.dp_public is None:
         raise ValueError(f"--dp-mechanism {args.dp_mechanism} needs --dp-public (the public text's token file)")
     return public_dp(args.dp_mechanism, args.dp_epsilon, args.dp_delta, args.dp_clip, args.dp_basis or 0,
-                     args.dp_clients, load_tokens(Path(args.dp_public))[0])
+                     args.dp_clients, load_tokens(Path(args.dp_public))[0], args.dp_estimator or "threshold")

@@ -491,7 +491,9 @@ def _dp_guarantee(value):
     if fields is None:
         raise ValueError(f"mechanism: expected {dp_public.NORMALISED!r} or {ddg_accounting.DISTRIBUTED!r} (or none: "
                          f"the Gaussian mechanism), got {_show(mechanism)}")
-    if tuple(value) != fields:
+    # files written before x_dp named its estimator used the threshold (the only one then)
+    legacy = tuple(f for f in fields if f != "estimator")
+    if tuple(value) not in (fields, legacy):
         raise ValueError(f"expected a JSON object with exactly the keys {list(fields)} in that order, "
                          f"got {_show(list(value))}")
     positive = (lambda v: type(v) is float and 0 < v, "a positive finite float")
@@ -517,6 +519,8 @@ def _dp_guarantee(value):
         })
     if mechanism == ddg_accounting.DISTRIBUTED:
         checks.update({"clients": count, "grid": count})
+    if "estimator" in value:
+        checks["estimator"] = (lambda v: v in dp_public.ESTIMATORS, " or ".join(map(repr, dp_public.ESTIMATORS)))
     for key, (check, expected) in checks.items():
         if not check(value[key]):
             raise ValueError(f"{key}: expected {expected}, got {_show(value[key])}")

@@ -251,7 +251,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "distributed mechanism's, per release, from one pass (fedlib.privacy.stages.dp_federation)")
     _dp_federation_args(p)
     p.add_argument("--releases", required=True, help='JSON list of {"label", "mechanism" (normalised or distributed), '
-                                                     '"epsilon", "delta", "clip", "basis"}')
+                                                     '"epsilon", "delta", "clip", "basis", "estimator" '
+                                                     '(threshold or posterior; default threshold)}')
     p.add_argument("--noise-seed", type=int, required=True,
                    help="the simulation's stand-in for the clients' secret noise seeds (each derived from it)")
     p.add_argument("--out-dir", required=True, help="writes <label>/client_<i>.mask.safetensors or "

@@ -59,8 +59,8 @@ def _pass(model, public, clients, guarantees, shared=False, blocks=None, noise_s
     return out, public_masks
 
 
-def _no_noise(model, public, basis=0):
-    target = NormalisedTarget(math.inf, 1e-5, math.inf, basis)
+def _no_noise(model, public, basis=0, estimator="threshold"):
+    target = NormalisedTarget(math.inf, 1e-5, math.inf, basis, estimator)
     return target.guarantee(_names(model), tokens_digest(public))
 
 
@@ -140,12 +140,13 @@ def test_signed_statistic_needs_sensitivity_2c_by_brute_force(model):
     assert g.noise_std(bound) == pytest.approx(g.sigma * 2 * bound)
 
 
-def test_no_noise_is_plain_wanda_through_the_public_prefix(model):
+@pytest.mark.parametrize("estimator", ["threshold", "posterior"])
+def test_no_noise_is_plain_wanda_through_the_public_prefix(model, estimator):
     """ε = ∞ (no clip, no noise): each client's masks are Wanda on its data through the public
     mask's prefix, and block 0 (no prefix) is plain Wanda bit for bit; the public masks are
-    client-mask's plain Wanda on the public text."""
+    client-mask's plain Wanda on the public text. Either estimator leaves a noiseless mean as is."""
     public, a, b = _ids(8, seed=2), _ids(6, seed=3, low=64), _ids(6, seed=4)
-    (per_client,), public_masks = _pass(model, public, [a, b], [_no_noise(model, public)])
+    (per_client,), public_masks = _pass(model, public, [a, b], [_no_noise(model, public, estimator=estimator)])
     assert all(torch.equal(public_masks[n], m)
                for n, m in prune_locally(model, public, Pruning("wanda", SPARSITY, GROUP, SEED)).masks.items())
     for c, ids in enumerate((a, b)):
@@ -354,6 +355,8 @@ def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_gu
     for path, low in ((public, 0), (a, 500), (b, 900)):
         save_tokens(path, torch.randint(low, low + 400, (6, 12), generator=gen), dataset="test")
     releases = [{"label": "norm", "mechanism": "normalised", "epsilon": 8.0, "delta": 1e-5, "clip": 2.0, "basis": 0},
+                {"label": "post", "mechanism": "normalised", "epsilon": 8.0, "delta": 1e-5, "clip": 2.0, "basis": 0,
+                 "estimator": "posterior"},
                 {"label": "dist", "mechanism": "distributed", "epsilon": 8.0, "delta": 1e-5, "clip": 2.0, "basis": 4}]
     handle = open_model(str(tiny_model_dir))
     record = simulate(handle, load_tokens(public)[0], [load_tokens(a)[0], load_tokens(b)[0]], releases,
@@ -363,11 +366,20 @@ def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_gu
     main(["client-mask", "--model", str(tiny_model_dir), "--calib", str(b), "--dp-mechanism", "normalised",
           "--dp-public", str(public), "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2",
           "--dp-noise-seed", str(_seed_of(7, "norm", 1)), "--client-id", "1", "--out", str(tmp_path / "cli.safetensors")])
-    simulated = MaskFile(tmp_path / "fed" / "norm" / "client_1.mask.safetensors").masks()
-    cli = MaskFile(tmp_path / "cli.safetensors").masks()
-    assert all(torch.equal(simulated[n], cli[n]) for n in cli)
-    assert json.loads(read_header(tmp_path / "cli.safetensors").extra["dp"]) == json.loads(
-        record["releases"]["norm"]["guarantee"])
+    main(["client-mask", "--model", str(tiny_model_dir), "--calib", str(b), "--dp-mechanism", "normalised",
+          "--dp-public", str(public), "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2",
+          "--dp-estimator", "posterior", "--dp-noise-seed", str(_seed_of(7, "post", 1)), "--client-id", "1",
+          "--out", str(tmp_path / "cli-post.safetensors")])
+    for label, file in (("norm", "cli.safetensors"), ("post", "cli-post.safetensors")):
+        simulated = MaskFile(tmp_path / "fed" / label / "client_1.mask.safetensors").masks()
+        cli = MaskFile(tmp_path / file).masks()
+        assert all(torch.equal(simulated[n], cli[n]) for n in cli)
+        dp = json.loads(read_header(tmp_path / file).extra["dp"])
+        assert dp == json.loads(record["releases"][label]["guarantee"])
+        assert dp["estimator"] == {"norm": "threshold", "post": "posterior"}[label]
+    # the same noise, another estimate: the estimator changes the masks (the check above can fail)
+    post = MaskFile(tmp_path / "cli-post.safetensors").masks()
+    assert any(not torch.equal(post[n], cli_mask) for n, cli_mask in MaskFile(tmp_path / "cli.safetensors").masks().items())
     dist = read_header(tmp_path / "fed" / "dist" / "secagg.mask.safetensors")
     assert dist.client_id == "secagg" and dist.n_samples == 12
     assert json.loads(dist.extra["dp"])["clients"] == 2
@@ -377,19 +389,28 @@ def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_gu
         dp = json.loads(header.extra["dp"])
         for i, value in enumerate([{**dp, "sensitivity": math.sqrt(2)}, {**dp, "sigma": dp["sigma"] / 2},
                                    {**dp, "releases": dp["releases"] + 1}, {**dp, "mechanism": "laplace"},
-                                   {**dp, "public": "abc"}, {k: v for k, v in dp.items() if k != "basis"}]):
+                                   {**dp, "public": "abc"}, {k: v for k, v in dp.items() if k != "basis"},
+                                   {**dp, "estimator": "median"}]):
             bad = tmp_path / f"bad{i}.safetensors"
             write_mask_file(bad, masks, layers, fingerprint=header.fingerprint, role="client", client_id="0",
                             method="wanda", group=header.group, sparsity=header.sparsity, n_samples=header.n_samples,
                             seed=0, extra={"dp": json.dumps(value, separators=(",", ":"))})
             with pytest.raises(MaskFileError, match="x_dp"):
                 read_header(bad)
+        # a file written before x_dp named its estimator (then always the threshold) still reads
+        legacy = tmp_path / "legacy.safetensors"
+        write_mask_file(legacy, masks, layers, fingerprint=header.fingerprint, role="client", client_id="0",
+                        method="wanda", group=header.group, sparsity=header.sparsity, n_samples=header.n_samples,
+                        seed=0, extra={"dp": json.dumps({k: v for k, v in dp.items() if k != "estimator"},
+                                                        separators=(",", ":"))})
+        assert "estimator" not in json.loads(read_header(legacy).extra["dp"])
     # the CLI refuses what it cannot account
     base = ["client-mask", "--model", str(tiny_model_dir), "--calib", str(a), "--out", str(tmp_path / "x.safetensors")]
     for bad in (["--dp-mechanism", "normalised", "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2"],
                 ["--dp-mechanism", "distributed", "--dp-public", str(public), "--dp-clients", "2",
                  "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2"],
-                ["--dp-public", str(public), "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2"]):
+                ["--dp-public", str(public), "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2"],
+                ["--dp-estimator", "posterior", "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2"]):
         assert main(base + bad) == 2
         assert not (tmp_path / "x.safetensors").exists()
 
@@ -498,7 +519,7 @@ def test_headroom_posterior_mean_against_the_true_prior():
     """The empirical-Bayes estimator against the Bayes posterior mean computed with the prior the
     data were drawn from (0 w.p. 0.9, 4 noise stds w.p. 0.1): close to it, and with a smaller
     squared error than the noisy values or the family-wise soft threshold."""
-    from fedlib.privacy.dp_headroom import posterior_mean
+    from fedlib.privacy.dp_public import posterior_mean
 
     gen = torch.Generator().manual_seed(0)
     d, std, spike = 4000, 0.5, 2.0
@@ -514,3 +535,17 @@ def test_headroom_posterior_mean_against_the_true_prior():
     assert err["fitted"] < 1.1 * err["bayes"], err
     assert err["fitted"] < 0.5 * min(err["noisy"], err["soft"]), err
     assert float((fitted - bayes).abs().max()) < 0.3 * spike
+
+
+def test_posterior_estimate_of_pure_noise_stays_near_the_public_value():
+    """Where the private data carry no deviation, the fitted prior collapses toward 0: the
+    posterior estimate is a fraction of the noise (what lets its masks stay near the public
+    mask in the negative control), though not exactly 0 as the threshold's."""
+    from fedlib.privacy.dp_public import estimate_deviation
+
+    noise = torch.randn(2000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    post = estimate_deviation("posterior", 3.0 * noise, 3.0, 2000)
+    assert float(post.abs().mean()) < 0.05 * float((3.0 * noise).abs().mean())
+    assert torch.equal(estimate_deviation("threshold", 3.0 * noise, 3.0, 2000), torch.zeros(2000, dtype=torch.float64))
+    with pytest.raises(ValueError, match="estimator 'median'"):
+        estimate_deviation("median", noise, 1.0, 2000)

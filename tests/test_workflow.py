@@ -449,15 +449,21 @@ def test_domain_target_runs(tmp_path):
 
     copy_test_dir(tmp_path)
     jobs = planned_jobs(snakemake(tmp_path, "domain", "--configfile", "config.yaml", "-n"))
-    # 2 seeds in-domain + 1 control setting; 3 mechanisms x 1 ε; 2 clients
-    assert jobs["domain_dp"] == 3 and jobs["domain_membership"] == 3 and jobs["domain_dp_fedprllm"] == 2 * 3
-    assert jobs["domain_eval"] == 2 * (5 + 3) + (1 + 3)
+    # 2 seeds in-domain + 1 control setting; 4 mechanisms (2 per client, 2 secure sums) x 1 ε; 2 clients
+    assert jobs["domain_dp"] == 3 and jobs["domain_membership"] == 4 and jobs["domain_dp_fedprllm"] == 2 * 3
+    assert jobs["domain_eval"] == 2 * (5 + 4) + (1 + 4)
     snakemake(tmp_path, "domain", "--configfile", "config.yaml")
     base = tmp_path / "results" / "domain"
     client = json.loads(read_header(base / "private/s0/sp0.5/dp/lowdim-8/client_1.mask.safetensors").extra["dp"])
     assert client["mechanism"] == "normalised" and client["basis"] == 4 and client["sensitivity"] == 2.0
     secagg = read_header(base / "private/s0/sp0.5/dp/distributed-8/secagg.mask.safetensors")
     assert secagg.n_samples == 4 and json.loads(secagg.extra["dp"])["clients"] == 2
+    assert json.loads(secagg.extra["dp"])["estimator"] == "threshold"
+    posterior = json.loads(read_header(base / "private/s0/sp0.5/dp/distributed_posterior-8/secagg.mask.safetensors")
+                           .extra["dp"])
+    assert posterior["estimator"] == "posterior" and posterior["sigma"] == json.loads(secagg.extra["dp"])["sigma"]
+    audit = json.loads((base / "membership/distributed_posterior-8.json").read_text())
+    assert audit["dp"]["estimator"] == "posterior"
     assert load_tokens(base / "pools/public-s1.safetensors")[1]["docs"] == [0, 25]
     rows = list(csv.reader((tmp_path / "reports" / "domain.csv").open()))
     header, body = rows[0], rows[1:]
@@ -468,8 +474,8 @@ def test_domain_target_runs(tmp_path):
                   "FedPrLLM layer", "Public + private mix (Wanda on both)", "DP distributed (SecAgg sum, every channel)"):
         assert title in titles
     dp_rows = [r for r in body if r[cell["Row"]].startswith("DP ")]
-    assert len(dp_rows) == 3 + 3 and all(r[cell["audit ≤ proven"]] == "yes" and r[cell["ε"]] == "8" for r in dp_rows)
-    assert sum(r[cell["Clients' text"]].startswith("C4") for r in body) == 2 + 3
+    assert len(dp_rows) == 4 + 4 and all(r[cell["audit ≤ proven"]] == "yes" and r[cell["ε"]] == "8" for r in dp_rows)
+    assert sum(r[cell["Clients' text"]].startswith("C4") for r in body) == 2 + 4
     md = (tmp_path / "reports" / "domain.md").read_text()
     assert "Worse than public-only beyond the interval" in md and "Audited ε ≤ proven ε" in md
     assert (tmp_path / "reports" / "domain.png").stat().st_size > 0

@@ -10,6 +10,8 @@ C4 text (documents ``control_docs``) instead. Results under {results}/domain/, t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fedlib.catalog.privacy import eps_name
 from fedlib.catalog.tables import Catalog
 
@@ -24,15 +26,35 @@ DEFAULTS = {
     "membership": {"targets": 32, "pairs": 4, "blocks": 1, "seqlen": 64, "population": 128},
     "headroom": None,
 }
-#: the study's DP mechanisms: (x_dp mechanism, whether it releases in the public basis). The
-#: distributed sum is released per channel: with its low noise a large correction passes, and a
-#: large correction in the public token basis smears a domain's deviation over the channels the
-#: basis mixes (in a trial at 70 % it made the mask worse than public text at ε = 8 and 64).
-MECHANISMS = {"normalised": ("normalised", False), "lowdim": ("normalised", True),
-              "distributed": ("distributed", False)}
-MECHANISM_TITLES = {"normalised": "DP normalised (per client, every channel)",
-                    "lowdim": "DP normalised, public basis (per client)",
-                    "distributed": "DP distributed (SecAgg sum, every channel)"}
+@dataclass(frozen=True)
+class StudyMechanism:
+    """A DP row family of the study: the x_dp mechanism, whether it releases in the public basis,
+    its estimator (:mod:`fedlib.privacy.dp_public`), its title and the non-private row whose gain
+    it is measured against (FedPrLLM for per-client masks, Centralized for the secure sum)."""
+
+    mechanism: str
+    in_basis: bool
+    estimator: str
+    title: str
+
+    @property
+    def reference(self) -> str:
+        return "central" if self.mechanism == "distributed" else "fedprllm"
+
+
+#: the study's DP mechanisms. The distributed sum is released per channel: with its low noise a
+#: large correction passes, and a large correction in the public token basis smears a domain's
+#: deviation over the channels the basis mixes (in a trial at 70 % it made the mask worse than
+#: public text at ε = 8 and 64).
+MECHANISMS = {
+    "normalised": StudyMechanism("normalised", False, "threshold", "DP normalised (per client, every channel)"),
+    "lowdim": StudyMechanism("normalised", True, "threshold", "DP normalised, public basis (per client)"),
+    "distributed": StudyMechanism("distributed", False, "threshold", "DP distributed (SecAgg sum, every channel)"),
+    "normalised_posterior": StudyMechanism("normalised", False, "posterior",
+                                           "DP normalised, posterior estimate (per client)"),
+    "distributed_posterior": StudyMechanism("distributed", False, "posterior",
+                                            "DP distributed, posterior estimate (SecAgg sum)"),
+}
 KINDS = ("private", "control")
 
 
@@ -123,11 +145,11 @@ class DomainCatalog:
         """The dp-federation's releases: one per mechanism and ε."""
         d, out = self.d, []
         for m in d["mechanisms"]:
-            mechanism, in_basis = MECHANISMS[m]
+            study = MECHANISMS[m]
             for e in d["epsilons"]:
-                out.append({"label": f"{m}-{eps_name(e)}", "mechanism": mechanism, "epsilon": float(e),
+                out.append({"label": f"{m}-{eps_name(e)}", "mechanism": study.mechanism, "epsilon": float(e),
                             "delta": float(d["delta"]), "clip": float(d["clip"]),
-                            "basis": int(d["basis"]) if in_basis else 0})
+                            "basis": int(d["basis"]) if study.in_basis else 0, "estimator": study.estimator})
         return out
 
     def dp_dir(self, kind: str, sparsity, seed) -> str:
@@ -148,8 +170,7 @@ class DomainCatalog:
 
     def dp_mask(self, kind: str, sparsity, seed, label: str) -> str:
         """The mask a DP row evaluates: FedPrLLM over the clients' DP masks, or the secure sum's."""
-        mechanism = MECHANISMS[label.rsplit("-", 1)[0]][0]
-        leaf = "secagg" if mechanism == "distributed" else "fedprllm"
+        leaf = "secagg" if MECHANISMS[label.rsplit("-", 1)[0]].mechanism == "distributed" else "fedprllm"
         return f"{self.dp_dir(kind, sparsity, seed)}/{label}/{leaf}.mask.safetensors"
 
     def membership_json(self, label: str) -> str:
@@ -157,14 +178,15 @@ class DomainCatalog:
 
     def membership_args(self, label: str) -> str:
         name, eps = label.rsplit("-", 1)
-        mechanism, in_basis = MECHANISMS[name]
+        study = MECHANISMS[name]
         d, m = self.d, self.d["membership"]
-        clients = d["clients"] if mechanism == "distributed" else 1
+        distributed = study.mechanism == "distributed"
+        clients = d["clients"] if distributed else 1
         args = (f"--targets {m['targets']} --pairs {m['pairs']} --blocks {m['blocks']} "
-                f"--samples {d['samples'] * clients} --dp-mechanism {mechanism} --dp-epsilon {eps} "
+                f"--samples {d['samples'] * clients} --dp-mechanism {study.mechanism} --dp-epsilon {eps} "
                 f"--dp-delta {float(d['delta'])!r} --dp-clip {float(d['clip'])!r} "
-                f"--dp-basis {int(d['basis']) if in_basis else 0}")
-        return args + (f" --dp-clients {clients}" if mechanism == "distributed" else "")
+                f"--dp-basis {int(d['basis']) if study.in_basis else 0} --dp-estimator {study.estimator}")
+        return args + (f" --dp-clients {clients}" if distributed else "")
 
     def membership_sparsity(self) -> float:
         """The audit's sparsity: the middle one of those with DP rows."""
@@ -241,7 +263,8 @@ class DomainCatalog:
             "control_docs": d["control_docs"], "clients": d["clients"], "samples": d["samples"],
             "public_samples": d["public_samples"], "seqlen": self.seqlen, "delta": d["delta"], "clip": d["clip"],
             "basis": d["basis"], "epsilons": d["epsilons"], "mechanisms": d["mechanisms"],
-            "titles": MECHANISM_TITLES, "evaluation": d["evaluation"], "eval_c4_docs": self.config["evaluation"].get("c4_docs"),
+            "titles": {name: m.title for name, m in MECHANISMS.items()},
+            "references": {name: m.reference for name, m in MECHANISMS.items()}, "evaluation": d["evaluation"], "eval_c4_docs": self.config["evaluation"].get("c4_docs"),
             "dense": {dtype: self.dense_eval(dtype) for dtype in (d["evaluation"]["dtype"], "float32")},
             "evals": evals,
             "membership": {label: self.membership_json(label) for label in self.labels()},

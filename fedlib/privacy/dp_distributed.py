@@ -45,10 +45,12 @@ from fedlib.privacy.ddg_accounting import (
 from fedlib.privacy.dp import count_releases
 from fedlib.privacy.dp_public import (
     NORMALISED,
+    THRESHOLD,
     Deviations,
     NormalisedGuarantee,
     NormalisedTarget,
     PublicDP,
+    check_estimator,
 )
 
 #: secure aggregation's ring: sums are exact modulo 2^64 while they stay below 2^62
@@ -104,8 +106,9 @@ class DistributedGuarantee(NormalisedGuarantee):
 
 @dataclass(frozen=True)
 class DistributedTarget:
-    """``distributed`` in the domain study: the budget, clip (x the public scale), basis size
-    and the number of clients that share the noise."""
+    """``distributed`` in the domain study: the budget, clip (x the public scale), basis size,
+    the number of clients that share the noise and the server's estimator
+    (:mod:`fedlib.privacy.dp_public`)."""
 
     epsilon: float
     delta: float
@@ -113,6 +116,7 @@ class DistributedTarget:
     basis: int
     clients: int
     grid: int = GRID
+    estimator: str = THRESHOLD
     mechanism = DISTRIBUTED
 
     def __post_init__(self):
@@ -120,6 +124,7 @@ class DistributedTarget:
                 and self.basis >= 0 and self.clients >= 1 and self.grid >= 1):
             raise ValueError(f"distributed DP needs 0 < epsilon < inf, 0 < delta < 1, a finite clip > 0, basis >= 0, "
                              f"clients >= 1; got {self}")
+        check_estimator(self.estimator)
 
     @property
     def enabled(self) -> bool:
@@ -129,7 +134,8 @@ class DistributedTarget:
         releases = count_releases(layer_names)
         sigma = calibrate_distributed_sigma(float(self.epsilon), float(self.delta), releases, self.clients, self.grid)
         return DistributedGuarantee(float(self.epsilon), float(self.delta), float(self.clip), int(self.basis), sigma,
-                                    releases, public, clients=int(self.clients), grid=int(self.grid))
+                                    releases, public, estimator=self.estimator, clients=int(self.clients),
+                                    grid=int(self.grid))
 
 
 def _rng(seed: int, *names: object) -> np.random.Generator:
@@ -169,16 +175,16 @@ def secure_noisy_sum(release, key: str, stats: Sequence[Deviations]) -> torch.Te
 
 
 def public_dp(mechanism: str, epsilon: float, delta: float, clip: float, basis: int, clients: int | None,
-              public_ids: torch.Tensor) -> PublicDP:
-    """``--dp-mechanism normalised|distributed`` with its public text."""
+              public_ids: torch.Tensor, estimator: str = THRESHOLD) -> PublicDP:
+    """``--dp-mechanism normalised|distributed`` with its public text and ``--dp-estimator``."""
     if mechanism == NORMALISED:
         if clients is not None:
             raise ValueError("--dp-clients: the normalised mechanism is one client's (distributed shares the noise)")
         if not math.isfinite(epsilon):
             raise ValueError("--dp-mechanism normalised needs a finite --dp-epsilon (without DP, omit --dp-epsilon)")
-        return PublicDP(NormalisedTarget(epsilon, delta, clip, basis), public_ids)
+        return PublicDP(NormalisedTarget(epsilon, delta, clip, basis, estimator), public_ids)
     if mechanism == DISTRIBUTED:
         if clients is None:
             raise ValueError("--dp-mechanism distributed needs --dp-clients (how many clients share the noise)")
-        return PublicDP(DistributedTarget(epsilon, delta, clip, basis, clients), public_ids)
+        return PublicDP(DistributedTarget(epsilon, delta, clip, basis, clients, estimator=estimator), public_ids)
     raise ValueError(f"unknown DP mechanism {mechanism!r}; known: gaussian, {NORMALISED}, {DISTRIBUTED}")

@@ -7,16 +7,15 @@ toward the public prior. This module asks what limits it, on the clients' real s
 - ``exact``: the private channel energies themselves (no clip, no noise) through the public
   mask's prefix: what the statistic says without privacy (not a ceiling: a clipped, shrunk
   estimate can give a better mask, as mixing public and private text can).
-- ``threshold``: the shipped estimator (:func:`fedlib.privacy.dp_public.shrunk_energies`) at the
+- ``threshold``: the default estimator (:func:`fedlib.privacy.dp_public.estimate_deviation`) at the
   noise of the mechanism's guarantee at ε, divided by ``multiplier``. The noise on a mean of
   ``multiplier`` x n samples of the same distribution is that much smaller, so this emulates a
   federation with ``multiplier`` times the data (the sample mean's own error, already small at
   the study's n, is not shrunk with it).
-- ``posterior``: a candidate estimator (post-processing of the release, so as private): per input,
-  the posterior mean of each coordinate under the prior that best explains that input's noisy
-  coordinates (a nonparametric maximum-likelihood prior on a grid, fitted by EM; Kiefer &
-  Wolfowitz 1956, Jiang & Zhang 2009). Where the threshold keeps only the few coordinates far
-  above the noise, this shrinks each coordinate by how often values like it are signal.
+- ``posterior``: the empirical-Bayes estimator (``--dp-estimator posterior``, the same function):
+  per input, each coordinate's posterior mean under the prior that best explains that input's
+  noisy coordinates. Where the threshold keeps only the few coordinates far above the noise, this
+  shrinks each coordinate by how often values like it are signal.
 - ``oracle``: each coordinate of the noisy mean scaled by mu^2 / (mu^2 + s^2), with mu the true
   clipped mean and s the noise's std. It reads the private mean, so it is **not** a private
   mechanism: the best scaling of each coordinate by a constant of its own (smallest expected
@@ -40,13 +39,11 @@ import torch
 from fedlib.client import Pruning, decide_block
 from fedlib.groups import seeded_generator
 from fedlib.privacy.dp import input_key
-from fedlib.privacy.dp_public import EstimatedWanda, PublicPrior, PublicWanda, clip_rows, noise_threshold
+from fedlib.privacy.dp_public import EstimatedWanda, PublicPrior, PublicWanda, clip_rows, estimate_deviation
 from fedlib.runner import BlockDecision, BlockRunner
 
 #: the estimators this analysis compares (module docstring)
 ESTIMATORS = ("exact", "threshold", "posterior", "oracle")
-#: the posterior estimator's prior: support points (plus 0) and EM iterations
-PRIOR_GRID, PRIOR_ITERATIONS = 201, 300
 
 
 @dataclass
@@ -68,24 +65,6 @@ class BlockStatistics:
     index: int
     inputs: dict[str, InputStatistics]
     weights: dict[str, torch.Tensor]
-
-
-def posterior_mean(noisy: torch.Tensor, std: float) -> torch.Tensor:
-    """Each coordinate's posterior mean given ``noisy`` = mu + N(0, std^2), under the discrete
-    prior on ``PRIOR_GRID`` points spanning the coordinates (and 0) that maximises their
-    likelihood (EM; deterministic: it reads only the noisy values and the noise level)."""
-    top = float(noisy.abs().max())
-    support = torch.cat([torch.linspace(-top, top, PRIOR_GRID, dtype=torch.float64),
-                         torch.zeros(1, dtype=torch.float64)])
-    # likelihoods relative to each coordinate's best support point (no underflow far out)
-    log_like = -0.5 * ((noisy[:, None] - support[None, :]) / std) ** 2
-    like = torch.exp(log_like - log_like.max(dim=1, keepdim=True).values)
-    prior = torch.full((support.numel(),), 1.0 / support.numel(), dtype=torch.float64)
-    for _ in range(PRIOR_ITERATIONS):
-        joint = like * prior
-        prior = (joint / joint.sum(dim=1, keepdim=True)).mean(dim=0)
-    joint = like * prior
-    return (joint / joint.sum(dim=1, keepdim=True)) @ support
 
 
 def collect_statistics(model, public_ids: torch.Tensor, clients_ids: Sequence[torch.Tensor],
@@ -172,13 +151,10 @@ def variant_masks(blocks: Sequence[BlockStatistics], variant: Variant, pruning: 
                 noise = torch.randn(true.shape, dtype=torch.float64,
                                     generator=seeded_generator(variant.noise_seed, "dp-headroom", key))
                 mean = true + std * noise
-                if variant.estimator == "threshold":
-                    lam = noise_threshold(std, coordinates)
-                    mean = mean.sign() * (mean.abs() - lam).clamp_min(0.0)
-                elif variant.estimator == "posterior":
-                    mean = posterior_mean(mean, std)
-                else:
+                if variant.estimator == "oracle":
                     mean = true.square() / (true.square() + std * std) * mean
+                else:
+                    mean = estimate_deviation(variant.estimator, mean, std, coordinates)
             moved += int((mean != 0).sum())
             energies[key] = stats.prior.energies(mean)
         pruners = {name: EstimatedWanda(_Linear(w), name, energies[input_key(name)]) for name, w in block.weights.items()}

@@ -23,8 +23,10 @@ of the sum is 2 C_r (two clipped vectors can point in opposite directions), not 
 for the non-negative vectors of :mod:`fedlib.privacy.dp`. The noise is N(0, (sigma 2 C_r)^2) per
 coordinate.
 
-Estimate (post-processing). With n samples, the noisy mean deviation d = (sum + noise) / n is
-soft-thresholded coordinate by coordinate toward 0 (the public value): d_j -> sign(d_j)
+Estimate (post-processing; ``estimator`` in ``x_dp``). With n samples, the noisy mean deviation
+d = (sum + noise) / n is turned into the estimate one of two ways.
+
+``threshold`` (the default): d is soft-thresholded coordinate by coordinate toward 0 (the public value): d_j -> sign(d_j)
 max(|d_j| - lambda, 0), lambda = z s, s = sigma 2 C_r / n the noise's std and z the normal
 quantile that every coordinate the pass releases (all blocks' inputs) stays below under noise
 alone with probability 1 - ``FALSE_KEEP`` = 99.9 % (Bonferroni over the coordinates). lambda depends on
@@ -41,6 +43,19 @@ sqrt(d/k) on average (B^T spreads k noisy coordinates over d channels), at the p
 of the deviation outside the basis; and B^T spreads the deviation it keeps over every channel its
 directions mix (a domain's deviation sits in few channels, which no public basis predicts on
 SmolLM2).
+
+``posterior``: each coordinate's posterior mean given d_j = mu_j + N(0, s^2), under the prior on
+mu that best explains all of the input's noisy coordinates: a discrete prior on ``PRIOR_GRID``
+points spanning them (and 0), its weights the nonparametric maximum-likelihood estimate, fitted by
+``PRIOR_ITERATIONS`` EM steps (Kiefer & Wolfowitz 1956; Jiang & Zhang 2009, "General maximum
+likelihood empirical Bayes"). It reads only d and s. Where the threshold keeps the few coordinates
+far above the noise, the posterior shrinks each coordinate by how often values like it are signal,
+so the many moderate deviations that carry most of a domain's gain pass in part. In the domain
+study (PTB clients, n = 1024, distributed sum at epsilon = 8, 50 %) the threshold keeps 28 % of the
+in-domain gain and the posterior 67 % (``fedlib.privacy.dp_headroom``). Where the data carries no
+deviation, the fitted prior is a point mass near 0 and the estimate stays near the public value:
+not bit for bit the public mask as with the threshold, but within its interval in the negative
+control.
 
 Accounting: ``releases`` Gaussian mechanisms of noise multiplier sigma (std / sensitivity), PLD
 as in :mod:`fedlib.privacy.dp`; the public text and the public mask are constants. The distributed
@@ -81,7 +96,12 @@ SIGNED_SENSITIVITY = 2.0
 FALSE_KEEP = 1e-3
 #: header fields of a normalised mechanism's ``x_dp``, in the writer's order
 NORMALISED_FIELDS = ("mechanism", "epsilon", "delta", "clip", "basis", "sensitivity", "sigma", "accountant",
-                     "neighbours", "releases", "public")
+                     "neighbours", "releases", "public", "estimator")
+#: how a noisy mean deviation becomes the estimate (``x_dp``'s ``estimator``; module docstring)
+THRESHOLD, POSTERIOR = "threshold", "posterior"
+ESTIMATORS = (THRESHOLD, POSTERIOR)
+#: the posterior estimator's prior: support points (plus 0) and EM iterations
+PRIOR_GRID, PRIOR_ITERATIONS = 201, 300
 #: channels whose public energy is below this fraction of the layer's largest are normalised
 #: by that floor (a dead channel would divide by 0)
 SCALE_FLOOR = 1e-12
@@ -277,16 +297,48 @@ class EstimatedWanda(LayerPruner):
 
 
 def shrunk_energies(prior: PublicPrior, noisy_sum: torch.Tensor, n_samples: int, noise_std: float,
-                    coordinates: int) -> torch.Tensor:
+                    coordinates: int, estimator: str = THRESHOLD) -> torch.Tensor:
     """The channel energies estimated from a noisy sum of ``n_samples`` clipped deviations with
-    noise of std ``noise_std`` per coordinate (module docstring): each coordinate of the noisy
-    mean deviation soft-thresholded at the family-wise bound of the noise over the ``coordinates``
-    released in all (:func:`noise_threshold`); 0 is the public value."""
-    mean = noisy_sum / n_samples
-    if noise_std == 0:
-        return prior.energies(mean)
-    threshold = noise_threshold(noise_std / n_samples, coordinates)
-    return prior.energies(mean.sign() * (mean.abs() - threshold).clamp_min(0.0))
+    noise of std ``noise_std`` per coordinate (module docstring), by :func:`estimate_deviation`."""
+    return prior.energies(estimate_deviation(estimator, noisy_sum / n_samples, noise_std / n_samples, coordinates))
+
+
+def check_estimator(estimator: str) -> None:
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"DP estimator {estimator!r}: known {', '.join(ESTIMATORS)}")
+
+
+def estimate_deviation(estimator: str, noisy_mean: torch.Tensor, std: float, coordinates: int) -> torch.Tensor:
+    """The mean deviation estimated from ``noisy_mean`` (noise of std ``std`` per coordinate; 0 is
+    the public value): ``threshold`` soft-thresholds each coordinate at the family-wise bound of the
+    noise over the ``coordinates`` released in all (:func:`noise_threshold`); ``posterior`` takes
+    each one's posterior mean (:func:`posterior_mean`). Without noise, the mean itself."""
+    check_estimator(estimator)
+    if std == 0:
+        return noisy_mean
+    if estimator == POSTERIOR:
+        return posterior_mean(noisy_mean, std)
+    threshold = noise_threshold(std, coordinates)
+    return noisy_mean.sign() * (noisy_mean.abs() - threshold).clamp_min(0.0)
+
+
+def posterior_mean(noisy: torch.Tensor, std: float) -> torch.Tensor:
+    """Each coordinate's posterior mean given ``noisy`` = mu + N(0, std^2), under the discrete
+    prior on ``PRIOR_GRID`` points spanning the coordinates (and 0) that maximises their
+    likelihood (EM; deterministic: it reads only the noisy values and the noise level)."""
+    noisy = noisy.to(torch.float64)
+    top = float(noisy.abs().max())
+    support = torch.cat([torch.linspace(-top, top, PRIOR_GRID, dtype=torch.float64),
+                         torch.zeros(1, dtype=torch.float64)])
+    # likelihoods relative to each coordinate's best support point (no underflow far out)
+    log_like = -0.5 * ((noisy[:, None] - support[None, :]) / std) ** 2
+    like = torch.exp(log_like - log_like.max(dim=1, keepdim=True).values)
+    prior = torch.full((support.numel(),), 1.0 / support.numel(), dtype=torch.float64)
+    for _ in range(PRIOR_ITERATIONS):
+        joint = like * prior
+        prior = (joint / joint.sum(dim=1, keepdim=True)).mean(dim=0)
+    joint = like * prior
+    return (joint / joint.sum(dim=1, keepdim=True)) @ support
 
 
 def noise_threshold(std: float, coordinates: int, level: float = FALSE_KEEP) -> float:
@@ -316,6 +368,7 @@ class NormalisedGuarantee:
     sensitivity: float = SIGNED_SENSITIVITY
     accountant: str = ACCOUNTANT
     neighbours: str = NEIGHBOURS
+    estimator: str = THRESHOLD
     #: the ``x_dp`` fields, in the writer's order
     FIELDS: ClassVar[tuple[str, ...]] = NORMALISED_FIELDS
 
@@ -329,19 +382,21 @@ class NormalisedGuarantee:
 
 @dataclass(frozen=True)
 class NormalisedTarget:
-    """``--dp-mechanism normalised``: the budget, the clip (x the public scale) and the basis
-    size (0 = every channel)."""
+    """``--dp-mechanism normalised``: the budget, the clip (x the public scale), the basis
+    size (0 = every channel) and the estimator (module docstring)."""
 
     epsilon: float
     delta: float
     clip: float
     basis: int = 0
+    estimator: str = THRESHOLD
     mechanism = NORMALISED
 
     def __post_init__(self):
         if not (self.epsilon > 0 and 0 < self.delta < 1 and self.clip > 0 and self.basis >= 0):
             raise ValueError(f"DP needs epsilon > 0, 0 < delta < 1, clip > 0 and basis >= 0; got epsilon="
                              f"{self.epsilon}, delta={self.delta}, clip={self.clip}, basis={self.basis}")
+        check_estimator(self.estimator)
         if not math.isfinite(self.epsilon) and math.isfinite(self.clip):
             raise ValueError("epsilon = inf (no noise) goes with clip = inf (no clipping): the plain estimate")
 
@@ -354,7 +409,7 @@ class NormalisedTarget:
         sigma = 0.0 if not math.isfinite(self.epsilon) else calibrate_sigma(float(self.epsilon), float(self.delta),
                                                                            releases)
         return NormalisedGuarantee(float(self.epsilon), float(self.delta), float(self.clip), int(self.basis), sigma,
-                                   releases, public)
+                                   releases, public, estimator=self.estimator)
 
 
 # --------------------------------------------------------------------------- one pass
@@ -423,7 +478,7 @@ def federation_pass(
                     total = g.secure_sum(release, key, parts)
                     prior = parts[0].prior
                     estimates[key] = shrunk_energies(prior, total, sum(p.n_samples for p in parts),
-                                                     g.noise_std(parts[0].bound, prior.dim), coordinates)
+                                                     g.noise_std(parts[0].bound, prior.dim), coordinates, g.estimator)
                 release.sink(None, step.index, _estimate_decision(step, estimates, pruning))
                 continue
             for c, by_key in enumerate(collected):
@@ -434,7 +489,7 @@ def federation_pass(
                     noise = torch.randn(stat.sum.shape, generator=seeded_generator(
                         release.noise_seeds[c], "dp-normalised-noise", key), dtype=torch.float64) * std
                     estimates[key] = shrunk_energies(stat.prior, stat.sum + noise, stat.n_samples, std,
-                                                     coordinates)
+                                                     coordinates, g.estimator)
                 release.sink(c, step.index, _estimate_decision(step, estimates, pruning))
         if public_sink is not None:
             public_sink(step.index, decision)

@@ -24,8 +24,6 @@ BOOTSTRAP = 2000
 ROW_TITLES = {"public": "Public text only (ε = 0)", "central": "Centralized in-domain (ceiling)",
               "client_0": "Local-only (client 0 of each seed)", "fedprllm": "FedPrLLM layer",
               "mix": "Public + private mix (Wanda on both)"}
-#: a DP row's non-private counterpart, by mechanism
-REFERENCE = {"normalised": "fedprllm", "lowdim": "fedprllm", "distributed": "central"}
 
 
 def _load(path) -> dict:
@@ -96,9 +94,9 @@ def _summaries(spec: dict, kind: str, dataset: str) -> dict:
     return out
 
 
-def _kept(summary: dict, row: str) -> tuple[float, tuple[float, float]] | None:
+def _kept(summary: dict, row: str, references: dict) -> tuple[float, tuple[float, float]] | None:
     """The fraction of its counterpart's gain a DP row keeps, where that gain is significant."""
-    ref = summary.get(REFERENCE.get(_mechanism(row) or "", ""))
+    ref = summary.get(references.get(_mechanism(row) or "", ""))
     if ref is None or not ref["ci"][1] < 0:
         return None
     mine = summary[row]
@@ -136,7 +134,7 @@ def domain_table(spec: dict) -> list[Path]:
             for row, s in summary.items():
                 mechanism = _mechanism(row)
                 eps = row.rsplit("-", 1)[1] if mechanism else ("0" if row == "public" else "∞")
-                kept = _kept(summary, row) if mechanism else None
+                kept = _kept(summary, row, spec["references"]) if mechanism else None
                 audit = audits.get(row) if mechanism else None
                 if mechanism and s["ci"][0] > 0:
                     worse.append(f"{text}, {sparsity:.0%}, {spec['titles'][mechanism]} at ε = {eps}")

@@ -186,7 +186,7 @@ rule domain_dp_fedprllm:
     benchmark:
         f"{BENCH}/domain/{{kind}}/s{{dseed}}/sp{{dsp}}/dp/{{label}}/fedprllm.tsv"
     wildcard_constraints:
-        label=r"[a-z]+-[0-9.]+",
+        label=r"[a-z_]+-[0-9.]+",
     conda:
         "../../envs/fedlib.yaml"
     resources:

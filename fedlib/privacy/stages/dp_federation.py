@@ -24,6 +24,7 @@ from fedlib.privacy.ddg_accounting import DISTRIBUTED
 from fedlib.privacy.dp_distributed import DistributedTarget
 from fedlib.privacy.dp_public import (
     NORMALISED,
+    THRESHOLD,
     NormalisedTarget,
     Release,
     _seed_of,
@@ -35,17 +36,19 @@ SECAGG_ID = "secagg"
 
 
 def release_target(spec: Mapping, clients: int):
-    """A release spec {"label", "mechanism", "epsilon", "delta", "clip", "basis"} as its target."""
+    """A release spec {"label", "mechanism", "epsilon", "delta", "clip", "basis", "estimator"
+    (threshold when absent)} as its target."""
     mechanism = spec["mechanism"]
     common = (float(spec["epsilon"]), float(spec["delta"]), float(spec["clip"]), int(spec.get("basis", 0)))
     if not math.isfinite(common[0]):
         # a file without noise would carry a guarantee the reader refuses (x_dp is strict JSON)
         raise ValueError(f"release {spec.get('label')!r}: epsilon must be finite, got {spec['epsilon']!r} (a mask "
                          f"without DP is client-mask's plain Wanda)")
+    estimator = spec.get("estimator", THRESHOLD)
     if mechanism == NORMALISED:
-        return NormalisedTarget(*common)
+        return NormalisedTarget(*common, estimator)
     if mechanism == DISTRIBUTED:
-        return DistributedTarget(*common, clients)
+        return DistributedTarget(*common, clients, estimator=estimator)
     raise ValueError(f"release {spec.get('label')!r}: unknown mechanism {mechanism!r}; known: {NORMALISED}, {DISTRIBUTED}")
 
 
