@@ -260,7 +260,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--record", required=True, help="JSON: the guarantees, files and the pass's time")
 
     p = sub.add_parser("dp-headroom", help="what limits the distributed DP masks: the exact private energies, the "
-                       "shipped estimator and a candidate at emulated data sizes, an oracle reference "
+                       "threshold and posterior estimators at emulated data sizes, an oracle reference "
                        "(fedlib.privacy.dp_headroom)")
     _dp_federation_args(p)
     p.add_argument("--windows", required=True, help="token file of the in-domain evaluation windows")

@@ -18,8 +18,8 @@ from fedlib.io import write_text_atomic
 from fedlib.studies.domain import BOOTSTRAP, _change_cell, _interval, _load, _window_nll
 
 ESTIMATOR_TITLES = {"exact": "exact private energies (no clip, no noise)",
-                    "threshold": "shipped estimator (soft threshold)",
-                    "posterior": "empirical-Bayes posterior mean (candidate, private)",
+                    "threshold": "threshold estimator (soft threshold; the default)",
+                    "posterior": "posterior estimator (empirical-Bayes posterior mean)",
                     "oracle": "oracle linear shrinkage (reads the private mean: a reference, not a mechanism)"}
 
 
@@ -76,10 +76,10 @@ def headroom_table(headroom: Path, public_eval: Path, central_eval: Path, datase
         f"Centralized rows' windows.",
         f"- Public-only {dataset} ppl {math.exp(pub_nll.mean()):.2f}; Centralized {math.exp(cen_nll.mean()):.2f} "
         f"({gain:+.1%}): the gain a row keeps is its Δ over this one.",
-        "- Rows (fedlib.privacy.dp_headroom): the exact private energies through the public prefix; the shipped "
-        "estimator at the noise of the distributed mechanism's guarantee at ε divided by the data multiplier "
-        "(the noise of a federation with that many times the samples); a candidate estimator, each coordinate's "
-        "posterior mean under the prior fitted to the input's noisy coordinates (post-processing: as private); the oracle linear shrinkage, which reads the "
+        "- Rows (fedlib.privacy.dp_headroom): the exact private energies through the public prefix; the "
+        "threshold estimator at the noise of the distributed mechanism's guarantee at ε divided by the data multiplier "
+        "(the noise of a federation with that many times the samples); the posterior estimator (--dp-estimator posterior), each "
+        "coordinate's posterior mean under the prior fitted to the input's noisy coordinates (post-processing: as private); the oracle linear shrinkage, which reads the "
         "private mean (each coordinate scaled by its own best constant: a reference, not a private estimator and "
         "not a bound).",
         "- Intervals: 95 %, bootstrap over the row's noise draws and the windows.",
