@@ -202,26 +202,31 @@ def gpu(data: dict, evaluate: dict) -> str:
 
 
 def gpu_options(data: dict) -> str:
-    """bench_gpu's SparseGPT rows with method options (``--sparsegpt-options``, ``--name``)."""
+    """bench_gpu's rows of one run (``--name``), with its client batch size and SparseGPT options."""
     runs = "; ".join(f"{key} {r['seconds_after_open']:.1f} s after the model is open ({r['seconds_per_block']:.2f} s "
                      f"per block, GPU busy {r['busy_fraction']}, device peak {r['device_peak_gib']} GiB)"
                      for key, r in data["runs"].items())
     obs = data.get("obs_solve")
-    return (f"- {data['device']}, torch {data['torch']}, commit {data.get('commit', '?')}, SparseGPT options "
-            f"`{json.dumps(data['sparsegpt_options'])}`: {runs}."
+    return (f"- {data['device']}, torch {data['torch']}, commit {data.get('commit', '?')}, batch size "
+            f"{data['batch_size']}, SparseGPT options `{json.dumps(data['sparsegpt_options'])}`: {runs}."
             + (f" OBS update of one block side by side there: column loop {obs['seconds_per_block']['column']:.2f} s, "
                f"batched solves {obs['seconds_per_block']['block']:.2f} s ({obs['speedup']:.2f}×)." if obs else ""))
 
 
-def gpu_options_side_by_side(base: dict, other: dict) -> str:
-    """Two bench_gpu runs that differ in SparseGPT options, and the time ratio per run where they share a card."""
+#: what two bench_gpu runs side by side may differ in
+GPU_SETTINGS = ("batch_size", "sparsegpt_options")
+
+
+def gpu_side_by_side(base: dict, other: dict) -> str:
+    """Two bench_gpu runs that differ in a setting, and the time ratio per run where they share a card."""
     lines = [gpu_options(base), gpu_options(other)]
     if (base["device"], base.get("commit")) != (other["device"], other.get("commit")):
         return "\n".join(lines + ["- Not side by side: different cards or commits, so no ratio."])
+    differ = ", ".join(f"{k} {json.dumps(base[k])} over {json.dumps(other[k])}" for k in GPU_SETTINGS
+                       if base[k] != other[k])
     ratios = "; ".join(f"{key} {r['seconds_after_open'] / other['runs'][key]['seconds_after_open']:.2f}×"
                        for key, r in base["runs"].items() if key in other["runs"])
-    return "\n".join(lines + [f"- Same card and commit, {json.dumps(base['sparsegpt_options'])} over "
-                               f"{json.dumps(other['sparsegpt_options'])} (time after the model is open): {ratios}."])
+    return "\n".join(lines + [f"- Same card and commit, {differ} (time after the model is open): {ratios}."])
 
 
 def gram(data: dict) -> str:
@@ -562,7 +567,9 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "gpu": ((REPO / "benchmarks/results/gpu.json", REPO / "benchmarks/results/gpu_evaluate.json"), gpu),
     "gram": (REPO / "benchmarks/results/gram.json", gram),
     "gpu-tensor-gram": ((REPO / "benchmarks/results/gpu_sparsegpt_exact.json",
-                         REPO / "benchmarks/results/gpu_tensor_gram.json"), gpu_options_side_by_side),
+                         REPO / "benchmarks/results/gpu_tensor_gram.json"), gpu_side_by_side),
+    "gpu-wanda-batch": ((REPO / "benchmarks/results/gpu_wanda_b8.json",
+                         REPO / "benchmarks/results/gpu_wanda_b32.json"), gpu_side_by_side),
     "perplexity": (REPO / "benchmarks/results/perplexity.json", perplexity),
     "byzantine": (REPO / "benchmarks/results/byzantine.json", byzantine),
     "peers": (REPO / "benchmarks/results/peers.json", peers),
