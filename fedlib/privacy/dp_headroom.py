@@ -39,7 +39,14 @@ import torch
 from fedlib.client import Pruning, decide_block
 from fedlib.groups import seeded_generator
 from fedlib.privacy.dp import input_key
-from fedlib.privacy.dp_public import EstimatedWanda, PublicPrior, PublicWanda, clip_rows, estimate_deviation
+from fedlib.privacy.dp_public import (
+    EstimatedWanda,
+    PassShape,
+    PublicPrior,
+    PublicWanda,
+    clip_rows,
+    estimate_deviation,
+)
 from fedlib.runner import BlockDecision, BlockRunner
 
 #: the estimators this analysis compares (module docstring)
@@ -136,7 +143,7 @@ def released_coordinates(blocks: Sequence[BlockStatistics]) -> int:
 
 def variant_masks(blocks: Sequence[BlockStatistics], variant: Variant, pruning: Pruning) -> tuple[dict, int]:
     """(layer -> mask, coordinates moved off the public prior) of one variant."""
-    coordinates = released_coordinates(blocks)
+    shape = PassShape(released_coordinates(blocks), sum(len(b.inputs) for b in blocks))
     masks, moved = {}, 0
     for block in blocks:
         energies = {}
@@ -154,7 +161,7 @@ def variant_masks(blocks: Sequence[BlockStatistics], variant: Variant, pruning: 
                 if variant.estimator == "oracle":
                     mean = true.square() / (true.square() + std * std) * mean
                 else:
-                    mean = estimate_deviation(variant.estimator, mean, std, coordinates)
+                    mean = estimate_deviation(variant.estimator, mean, std, shape)
             moved += int((mean != 0).sum())
             energies[key] = stats.prior.energies(mean)
         pruners = {name: EstimatedWanda(_Linear(w), name, energies[input_key(name)]) for name, w in block.weights.items()}
