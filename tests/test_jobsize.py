@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedlib.data import save_tokens
-from fedlib.jobsize import BASE_MIB, host_mem_mb, measured_run, model_size, tokens_in
+from fedlib.jobsize import BASE_MIB, HEADROOM, host_mem_mb, measured_run, model_size, tokens_in
 
 from conftest import tiny_llama
 
@@ -31,6 +31,8 @@ def test_model_size_counts_what_the_model_holds(sharded):
     assert size.outside == total - sum(blocks)
     assert size.layer == max(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
     assert (size.hidden, size.heads, size.vocab, size.stored_bytes) == (64, 4, 128, 4)
+    linears = [m for m in model.model.layers[0].modules() if isinstance(m, torch.nn.Linear)]
+    assert (size.blocks, size.block_inputs) == (len(model.model.layers), sum(m.in_features for m in linears))
 
 
 def test_estimates_grow_with_what_the_job_holds(sharded, tmp_path):
@@ -46,6 +48,22 @@ def test_estimates_grow_with_what_the_job_holds(sharded, tmp_path):
     assert host_mem_mb(folder, "blocks", "bfloat16", tokens_in([large])) < many
     with pytest.raises(ValueError, match="kind must be one of"):
         host_mem_mb(folder, "everything")
+
+
+def test_the_headroom_analysis_asks_for_what_it_keeps_across_blocks(sharded, tmp_path):
+    """On top of the block runner: float64 deviations of every sample at every linear's input
+    of every block, the blocks' float32 weights and the scoring model (counted from the model)."""
+    model, folder = sharded
+    calib = tmp_path / "calib.safetensors"
+    save_tokens(calib, torch.zeros(50_000, 16, dtype=torch.long))
+    tokens = tokens_in([calib])
+    inputs = sum(m.in_features for block in model.model.layers for m in block.modules()
+                 if isinstance(m, torch.nn.Linear))
+    block_weights = sum(p.numel() for p in model.model.layers.parameters())
+    kept = 8 * 50_000 * inputs + 4 * block_weights + 4 * sum(p.numel() for p in model.parameters())
+    extra = host_mem_mb(folder, "headroom", tokens=tokens) - host_mem_mb(folder, "blocks", tokens=tokens)
+    # both estimates are rounded up to 256 MiB, times the same headroom factor
+    assert abs(extra - HEADROOM * kept / 2**20) <= 256
 
 
 @pytest.mark.slow

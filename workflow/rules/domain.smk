@@ -346,7 +346,7 @@ rule domain_headroom_pass:
         "../../envs/fedlib.yaml"
     threads: 1
     resources:
-        mem_mb=job_mem_mb("blocks", tokens=["public", "clients"]),
+        mem_mb=job_mem_mb("headroom", tokens=["public", "clients"]),
         gpu=MODEL_JOB_GPUS,
     params:
         model=model_folder,
