@@ -589,7 +589,8 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
     **{name: (REPO / path, domain(path)) for name, path in (
-        ("domain", "reports/domain.csv"), ("domain-n512", "reports/domain_n512/domain.csv"))},
+        ("domain", "reports/domain.csv"), ("domain-n512", "reports/domain_n512/domain.csv"),
+        ("domain-n1024", "reports/domain_n1024/domain.csv"))},
 }
 
 
