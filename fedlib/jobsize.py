@@ -138,7 +138,8 @@ def host_mem_mb(model_dir: Path | str, kind: str, dtype: str = "float32", tokens
         need = size.total * width + size.block * size.stored_bytes + logits + LM_EVAL_MIB * 2**20
     else:
         tokens, seqlen = tokens
-        batch_size = min(batch_size, tokens // seqlen) if seqlen else 0  # a batch holds at most every sample
+        samples = tokens // seqlen if seqlen else 0
+        batch_size = min(batch_size, samples)  # a batch holds at most every sample
         block = size.block * (size.stored_bytes + width + 8)  # as stored, placed, float32 work + statistics
         activations = 2 * tokens * size.hidden * width  # every client's block input and output
         # one batch's float32 intermediates: MLP and projections, attention scores (, logits)
@@ -148,7 +149,7 @@ def host_mem_mb(model_dir: Path | str, kind: str, dtype: str = "float32", tokens
             need += 3 * (size.total - size.outside)
         elif kind == "headroom":
             # linears that share an input share its deviations: summing every linear's inputs bounds them
-            deviations = 8 * (tokens // seqlen if seqlen else 0) * size.block_inputs * size.blocks
+            deviations = 8 * samples * size.block_inputs * size.blocks
             scoring = 4 * size.total + 2 * 4 * seqlen * size.vocab
             need += deviations + 4 * (size.total - size.outside) + scoring
     mib = BASE_MIB + HEADROOM * need / 2**20
