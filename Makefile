@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install install-slurm install-flower run test test-fast test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-peers clean
+.PHONY: install install-slurm install-flower run test test-fast test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-sparse bench-peers clean
 
 install: $(STAMP)
 
@@ -92,6 +92,13 @@ bench-scale: $(STAMP)
 # Makefile's venv, run `python benchmarks/bench_gpu.py` (PYTHON=python make bench-gpu does that)
 bench-gpu:
 	HF_HUB_OFFLINE=1 $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/bench_gpu.py
+
+# a 2:4 model through torch's semi-structured sparse kernels vs the same weights dense, 7B shape, one
+# CUDA device (benchmarks/results/sparse_inference.json): MLP and whole-model prefill tokens/s, decode
+# ms/token, embedded-model perplexity. Like bench-gpu it runs on a stock GPU image (PYTHON=python make
+# bench-sparse); SPARSE_ARGS="--device cpu --shape tiny --blocks 2 --name sparse_inference_cpu" tries it here
+bench-sparse:
+	HF_HUB_OFFLINE=1 $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/bench_sparse_inference.py $(SPARSE_ARGS)
 
 # fedlib's client mask against llmcompressor's Wanda and SparseGPT on the same tokens, side by side
 # (benchmarks/results/peers.json); llmcompressor lives in its own environment .venv-peers (it pins
