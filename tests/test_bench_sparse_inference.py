@@ -45,10 +45,11 @@ def test_embedded_perplexity_matches_independent_losses():
     model = tiny_llama(hidden=64).float()
     windows = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3))
     gen = torch.Generator().manual_seed(4)  # any 2:4 masks (2 random of every 4), not the magnitude ones
+    linears = {name: m for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and name.startswith("model.layers.")}
     masks = {name: torch.zeros(m.weight.numel() // 4, 4, dtype=torch.bool)
              .scatter_(1, torch.rand(m.weight.numel() // 4, 4, generator=gen).argsort(1)[:, :2], True)
-             .reshape(m.weight.shape)
-             for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name.startswith("model.layers.")}
+             .reshape(m.weight.shape) for name, m in linears.items()}
     reference = tiny_llama(hidden=64).float()  # the same seed: the same weights, pruned here by hand
     with torch.no_grad():
         dense_loss = torch.stack([reference(input_ids=w[None], labels=w[None]).loss for w in windows]).mean()
