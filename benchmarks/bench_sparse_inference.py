@@ -153,7 +153,8 @@ def mlp_prefill(model: nn.Module, args, device: torch.device) -> tuple[dict, Two
         sides.use("sparse")
         sparse_out = mlp(x)
         sides.use("dense")
-        row["output_relative_difference"] = relative_difference(sparse_out, mlp(x))
+        row.update(output_relative_difference=relative_difference(sparse_out, mlp(x)),
+                   masks_identical=sides.masks_identical)
     return row, sides
 
 
