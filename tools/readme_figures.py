@@ -732,8 +732,8 @@ SUPERSEDED = {
     "privacy-dp-utility": "the row 'Wanda on public text only' used held-out C4 documents that are also C4 "
                           "evaluation documents; the workflow now draws public text from the calibration documents "
                           "and the committed table was not rerun",
-    "domain": "its DP rows used the threshold estimator at 4 × 8 private windows; the runs at n = 512 and "
-              "n = 1024 below supersede them",
+    "domain": "its DP rows are at 4 × 8 private windows and predate the posterior estimator; the distributed "
+              "mechanism's current results are the runs at n = 512 and n = 1024",
 }
 
 
@@ -847,8 +847,7 @@ def render_all(text: str, names=None) -> tuple[str, list[str]]:
 _FIGURE = re.compile(r"(?<![\w.\-/])(\d[\d,]*(?:\.\d+)?)\s?(%|×(?!\s?\d)|ppl\b|s\b|min\b|minutes\b|hours?\b|GiB\b|MiB\b|GB\b|MB\b"
                      r"|bits? per weight\b|bit/weight\b)")
 #: figures that are settings or definitions, not measurements, wherever they appear
-SETTINGS = {"50 %", "60 %", "70 %", "80 %", "95 %", "1 %", "0.1 %", "20 %", "100 %", "5 %", "50%", "60%", "70%",
-            "95%", "1%", "1.4826 ×"}
+SETTINGS = {"50 %", "60 %", "70 %", "80 %", "95 %", "1 %", "0.1 %", "50%", "60%", "70%", "95%", "1%", "1.4826 ×", "99.9 %"}
 
 
 def _prose(text: str) -> str:
