@@ -136,7 +136,8 @@ def test_the_cli_reference_lists_every_verb_and_option():
         section = sections[" ".join(words)]
         verbs += 1
         for action in p._actions:
-            if not action.option_strings or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            if not action.option_strings or isinstance(action, (argparse._HelpAction, argparse._VersionAction)) \
+                    or action.help == argparse.SUPPRESS:
                 continue
             row = next((line for line in section.splitlines() if line.startswith(f"| `{action.option_strings[0]}`")), None)
             assert row is not None, (words, action.option_strings)

@@ -28,7 +28,8 @@ def _default(action: argparse.Action) -> str:
 def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
     rows = []
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction, argparse._VersionAction)):
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction, argparse._VersionAction)) \
+                or action.help == argparse.SUPPRESS:
             continue
         name = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.dest}` (positional)"
         if action.nargs in ("+", "*"):

@@ -295,7 +295,8 @@ def table_csv(path: Path, after: tuple[str, ...] = ()) -> Callable[[dict], str]:
 
     def render(rows: list[list[str]]) -> str:
         md = path.with_suffix(".md").read_text().splitlines()
-        provenance = [line.removeprefix("- ") for line in md if line.startswith(("- Model:", "- Config:"))]
+        provenance = [line.removeprefix("- ").rstrip(".") for line in md
+                      if line.startswith(("- Model:", "- Config:", "- Perplexity on ", "- Perplexity: "))]
         out = [f"From `{path.relative_to(REPO)}`: " + "; ".join(provenance) + ".", ""]
         out.append("| " + " | ".join(rows[0]) + " |")
         out.append("|" + "---|" * len(rows[0]))
