@@ -82,10 +82,12 @@ def test_a_figure_quoted_outside_the_blocks_is_reported(tmp_path):
     page.write_text(f"<!-- figures:client-mask -->\n{block}<!-- /figures:client-mask -->\n\n"
                     f"At 50 % sparsity the client takes {held:.2f}× the floor.\n")
     assert check(page).returncode == 0, check(page).stderr
-    page.write_text(page.read_text() + "It needs 1,234 MiB and 17.5 s and `9.9 GiB` in code is not prose.\n")
+    page.write_text(page.read_text() + "It needs 1,234 MiB and 17.5 s at perplexity 31.17, and `9.9 GiB` in "
+                    "code is not prose.\n")
     proc = check(page)
     assert proc.returncode == 1
-    assert "'1,234 MiB'" in proc.stderr and "'17.5 s'" in proc.stderr and "9.9 GiB" not in proc.stderr
+    assert "'1,234 MiB'" in proc.stderr and "'17.5 s'" in proc.stderr and "'perplexity 31.17'" in proc.stderr
+    assert "9.9 GiB" not in proc.stderr
 
 
 def test_the_configuration_reference_covers_every_schema_key():

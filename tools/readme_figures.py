@@ -847,6 +847,8 @@ def render_all(text: str, names=None) -> tuple[str, list[str]]:
 # (a sparsity, a confidence level, ...) that no run measures.
 _FIGURE = re.compile(r"(?<![\w.\-/])(\d[\d,]*(?:\.\d+)?)\s?(%|×(?!\s?\d)|ppl\b|s\b|min\b|minutes\b|hours?\b|GiB\b|MiB\b|GB\b|MB\b"
                      r"|bits? per weight\b|bit/weight\b)")
+#: a perplexity quoted by name ("ppl 70.62", "perplexity of 31.17")
+_NAMED_FIGURE = re.compile(r"\b(?:ppl|perplexit(?:y|ies))\s+(?:of\s+|is\s+|at\s+)?(\d[\d,]*\.\d+)")
 #: figures that are settings or definitions, not measurements, wherever they appear
 SETTINGS = {"50 %", "60 %", "70 %", "80 %", "95 %", "1 %", "0.1 %", "50%", "60%", "70%", "95%", "1%", "1.4826 ×", "99.9 %"}
 
@@ -865,12 +867,14 @@ def _numbers(text: str) -> set[str]:
 def unsourced_figures(text: str) -> list[str]:
     """Figures with a unit in the page's prose that neither its blocks hold nor SETTINGS lists."""
     held = _numbers("".join(blocks(text).values()))
+    prose = _prose(text)
     found = []
-    for m in _FIGURE.finditer(_prose(text)):
+    for m in _FIGURE.finditer(prose):
         figure = f"{m.group(1)} {m.group(2)}"
         if figure in SETTINGS or m.group(0) in SETTINGS or m.group(1).replace(",", "") in held:
             continue
         found.append(m.group(0))
+    found += [m.group(0) for m in _NAMED_FIGURE.finditer(prose) if m.group(1).replace(",", "") not in held]
     return found
 
 
