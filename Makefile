@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 install-slurm: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,slurm]'
 
-# Flower (flower/, README "Across sites"): flwr in the same environment as fedlib (make install
+# Flower (flower/, docs/how-to/flower.md): flwr in the same environment as fedlib (make install
 # has it too; a site's or the coordinator's machine may install just this)
 install-flower: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,flower]'
@@ -85,7 +85,7 @@ test-fast: $(STAMP)
 report: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --report reports/report.html $(TARGETS)
 
-# check the report in headless chromium and refresh the README's screenshot
+# check the report in headless chromium and refresh its screenshot in the docs (docs/report.png)
 report-check: report
 	$(BIN)/python tools/check_report.py reports/report.html --screenshot docs/report.png --show table1.html
 
