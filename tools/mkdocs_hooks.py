@@ -38,11 +38,24 @@ def _last_change(paths: tuple[Path, ...]) -> str:
     return out or "not committed"
 
 
+_BLOCK = re.compile(r"<!-- figures:([\w-]+) -->\n.*?<!-- /figures:\1 -->", re.S)
+
+
+def _sources(name: str) -> tuple[Path, ...]:
+    return readme_figures._paths(readme_figures.SOURCES[name][0])
+
+
 def on_page_markdown(markdown, page, config, files):
     def dated(match: re.Match) -> str:
-        source = readme_figures.SOURCES[match.group(1)][0]
-        paths = readme_figures._paths(source)
+        paths = _sources(match.group(1))
         names = ", ".join(f"`{p.relative_to(REPO)}`" for p in paths)
         return f"{match.group(0)}\n\n<small>Generated from {names}; sources last changed {_last_change(paths)}.</small>\n"
 
-    return re.sub(r"<!-- figures:([\w-]+) -->\n.*?<!-- /figures:\1 -->", dated, markdown, flags=re.S)
+    names = _BLOCK.findall(markdown)
+    if page.file.src_uri.startswith("results/") and names:
+        # a results page as a whole: the newest change to any of its sources
+        paths = tuple(dict.fromkeys(p for name in names for p in _sources(name)))
+        markdown = re.sub(r"^(# .*\n)", lambda m: f"{m.group(1)}\n*Results as of {_last_change(paths)}: the newest "
+                          f"change to the {'file' if len(paths) == 1 else f'{len(paths)} files'} this page is generated from.*\n", markdown, count=1,
+                          flags=re.M)
+    return _BLOCK.sub(dated, markdown)
