@@ -691,6 +691,9 @@ def _schema_type(spec: dict) -> str:
         return " or ".join(f"`{json.dumps(v)}`" for v in spec["enum"])
     if "$ref" in spec:
         return spec["$ref"].rsplit("/", 1)[-1]
+    for key in ("oneOf", "anyOf"):
+        if key in spec:
+            return " or ".join(dict.fromkeys(_schema_type(option) for option in spec[key]))
     kind = spec.get("type", "")
     return " or ".join(kind) if isinstance(kind, list) else kind
 
