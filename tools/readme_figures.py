@@ -826,7 +826,7 @@ def render(name: str) -> str:
     source, renderer = SOURCES[name]
     body = renderer(*map(_load, _paths(source)))
     if name in SUPERSEDED:
-        body = f'!!! warning "Superseded"\n    {SUPERSEDED[name]}.\n\n{body}'
+        body = f"> **Superseded:** {SUPERSEDED[name]}.\n\n{body}"
     return body + "\n"
 
 
