@@ -707,7 +707,8 @@ def config_reference(schema_text: str, config_text: str) -> str:
     import yaml
 
     schema, config = yaml.safe_load(schema_text), yaml.safe_load(config_text)
-    out = ["| key | type | default | `config.yaml` | meaning |", "|---|---|---|---|---|"]
+    out = [f"From `{SCHEMA.relative_to(REPO)}` (type, default, meaning) and `config.yaml` (its value).", "",
+           "| key | type | default | `config.yaml` | meaning |", "|---|---|---|---|---|"]
 
     def walk(props: dict, values, prefix: str) -> None:
         for key, spec in props.items():
