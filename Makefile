@@ -9,9 +9,10 @@ CORES ?= 2
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+export NO_MKDOCS_2_WARNING ?= 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install install-slurm install-flower run test test-fast test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-sparse bench-peers clean
+.PHONY: install install-slurm install-flower run test test-fast docs test-durations test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-sparse bench-peers clean
 
 install: $(STAMP)
 
@@ -30,7 +31,7 @@ $(STAMP): pyproject.toml
 install-slurm: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,slurm]'
 
-# Flower (flower/, README "Across sites"): flwr in the same environment as fedlib (make install
+# Flower (flower/, docs/how-to/flower.md): flwr in the same environment as fedlib (make install
 # has it too; a site's or the coordinator's machine may install just this)
 install-flower: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,flower]'
@@ -57,9 +58,20 @@ run: $(STAMP)
 
 # the workflow's formatting (snakefmt, as the snakemake-workflows catalog), then the test suite
 # (everything but the Slurm test: what CI runs)
-test: $(STAMP)
+test: $(STAMP) docs
 	$(BIN)/snakefmt --check Snakefile workflow/
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs --junitxml=build/junit.xml
+
+# the docs site (mkdocs.yml, docs/) built strictly into build/site: a broken link, a page left out
+# of the navigation or a failing generator fails it; the CLI reference is generated from the
+# parser while it builds (tools/mkdocs_hooks.py). `make test` runs it first.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet
+
+# README's table of the slowest tests, from the last `make test` (build/junit.xml)
+test-durations: $(STAMP)
+	$(BIN)/python tools/test_durations.py build/junit.xml
+	$(BIN)/python tools/readme_figures.py test-durations
 
 # the edit loop: the same but the Snakemake runs (tests marked workflow: test_workflow, test_crash)
 # and the slowest in-process tests (marked slow), and the fuzz suite with a tenth of its files
@@ -73,7 +85,7 @@ test-fast: $(STAMP)
 report: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --report reports/report.html $(TARGETS)
 
-# check the report in headless chromium and refresh the README's screenshot
+# check the report in headless chromium and refresh its screenshot in the docs (docs/report.png)
 report-check: report
 	$(BIN)/python tools/check_report.py reports/report.html --screenshot docs/report.png --show table1.html
 

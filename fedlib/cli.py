@@ -467,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="iterative FedPrLLM: the federation scales weights, so continue from the scaled blocks")
     p.add_argument("--format-version", type=int, default=1, choices=[1, 2],
                    help="mask file format: 1 = packed bits; 2 = coded against the public model's weight "
-                        "magnitudes (0.34 bits per weight at 50%% Wanda on SmolLM2-135M, vs 1.003)")
+                        "magnitudes (smaller; measured sizes: docs/reference/mask-format.md)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=0)
     add_dp_arguments(p)

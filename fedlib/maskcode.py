@@ -16,8 +16,8 @@ row-major order. Both ends compute the buckets from the same public weights, so 
 records the reference's name and a sha256 of its buckets (:meth:`MagnitudeReference.digest`);
 a server whose model gives another digest refuses the file instead of decoding garbage.
 
-Measured on SmolLM2-135M (``benchmarks/bench_mask_compression.py``, README): 0.340 bits per
-weight for 50 % Wanda (row groups, whole model), against 1.003 for version 1's bit packing.
+Its size against version 1's bit packing is measured by ``benchmarks/bench_mask_compression.py``
+(``benchmarks/results/mask_compression.json``, rendered in docs/reference/mask-format.md).
 """
 
 from __future__ import annotations

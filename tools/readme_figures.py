@@ -1,10 +1,13 @@
-"""Result figures in README.md come from result files, through this command, never by hand.
+"""Figures in README.md and the docs come from result files, through this command, never by hand.
 
-A generated block in the README sits between ``<!-- figures:NAME -->`` and
-``<!-- /figures:NAME -->``; each NAME has its source files (a benchmark's JSON, a report's CSV,
-the six privacy reports) and a renderer here. ``python tools/readme_figures.py`` rewrites every block whose source
-exists; ``--check`` only compares and exits 1 when a block differs from its source (the test
-suite runs it, so a committed figure cannot drift from its committed JSON).
+A generated block in a page (README.md, config/README.md, docs/**.md) sits between
+``<!-- figures:NAME -->`` and ``<!-- /figures:NAME -->``; each NAME has its source files (a
+benchmark's JSON, a report's CSV, the configuration schema, fedlib/maskfile.py) and a renderer
+here. ``python tools/readme_figures.py`` rewrites every block whose source exists; ``--check``
+only compares, and also flags a figure with a unit that a page's prose quotes outside its blocks
+when none of the page's blocks holds it (the test suite runs it, so a committed figure cannot
+drift from its committed source). The docs build dates each block with the commit that last
+changed its sources (tools/mkdocs_hooks.py).
 """
 
 from __future__ import annotations
@@ -28,11 +31,16 @@ def _machine(data: dict) -> str:
     return f"{m.get('cpus', '?')} CPUs ({m.get('machine', '?')}), torch {m.get('torch', '?')}"
 
 
+def _model_name(data: dict) -> str:
+    """The model a benchmark ran, without the folder it was in on the measuring machine."""
+    return Path(data["model"]).name
+
+
 def precision(data: dict) -> str:
     """bfloat16 vs float32 client masks on the embedded model (benchmarks/bench_precision.py)."""
     cal, ev = data["calibration"], data["evaluation"]
     lines = [
-        f"{data['model']}, {cal['samples']} × {cal['seqlen']} {cal['dataset']} calibration tokens; perplexity on "
+        f"{_model_name(data)}, {cal['samples']} × {cal['seqlen']} {cal['dataset']} calibration tokens; perplexity on "
         f"{ev['windows']} {ev['dataset']} windows of {ev['seqlen']} tokens, evaluated in float32 so that only "
         f"the mask differs (dense: float32 {data['dense_ppl_float32']:.2f}, bfloat16 {data['dense_ppl_bfloat16']:.2f}). "
         f"Commit {data.get('commit', '?')}; {_machine(data)}.",
@@ -53,7 +61,7 @@ def hessian_dtype(data: dict) -> str:
     """SparseGPT's Hessian and update in float32 vs float64 (benchmarks/bench_hessian_dtype.py)."""
     cal, ev = data["calibration"], data["evaluation"]
     lines = [
-        f"{data['model']}, {cal['samples']} × {cal['seqlen']} {cal['dataset']} calibration tokens; perplexity on "
+        f"{_model_name(data)}, {cal['samples']} × {cal['seqlen']} {cal['dataset']} calibration tokens; perplexity on "
         f"{ev['windows']} {ev['dataset']} windows of {ev['seqlen']} tokens, each model with its own run's mask and "
         f"updated weights (dense {data['dense_ppl']:.2f}). Commit {data.get('commit', '?')}; {_machine(data)}, "
         f"{data['threads']} thread(s).",
@@ -287,7 +295,8 @@ def table_csv(path: Path, after: tuple[str, ...] = ()) -> Callable[[dict], str]:
 
     def render(rows: list[list[str]]) -> str:
         md = path.with_suffix(".md").read_text().splitlines()
-        provenance = [line.removeprefix("- ") for line in md if line.startswith(("- Model:", "- Config:"))]
+        provenance = [line.removeprefix("- ").rstrip(".") for line in md
+                      if line.startswith(("- Model:", "- Config:", "- Perplexity on ", "- Perplexity: "))]
         out = [f"From `{path.relative_to(REPO)}`: " + "; ".join(provenance) + ".", ""]
         out.append("| " + " | ".join(rows[0]) + " |")
         out.append("|" + "---|" * len(rows[0]))
@@ -549,10 +558,201 @@ def domain(csv_path: str) -> Callable[[list[list[str]]], str]:
     return render
 
 
+
+def table1_abridged(rows: list[list[str]]) -> str:
+    """Table 1 of `make run` cut to what a first reader needs: perplexity of the baselines and of
+    FedPrLLM without weight scaling (the whole table: docs/results/table1.md)."""
+    md = (REPO / "reports/table1.md").read_text().splitlines()
+    windows = [line.removeprefix("- ") for line in md if line.startswith("- Perplexity on ")]
+    keep = [i for i, name in enumerate(rows[0]) if name in ("Method", "Comparison group", "WikiText-2", "C4", "PTB")]
+    weight_scaling = rows[0].index("Weight scaling")
+    out = [f"From `reports/table1.csv`, the rows without weight scaling. {' '.join(windows)}", "",
+           "| " + " | ".join(rows[0][i] for i in keep) + " |", "|" + "---|" * len(keep)]
+    out += ["| " + " | ".join(row[i] for i in keep) + " |" for row in rows[1:] if row[weight_scaling] != "✓"]
+    return "\n".join(out)
+
+
+def run_time(data: dict) -> str:
+    """How long `make run` took, in one line (benchmarks/results/workflow.json; per rule: docs)."""
+    jobs = sum(r["jobs"] for r in data["rules"].values())
+    wall = f"{data['wall_seconds'] / 60:.0f} min of wall time" if data.get("wall_seconds") else "wall time not recorded"
+    return (f"`make run` measured: {jobs} jobs, {wall} ({data['job_seconds_total'] / 60:.0f} min of job time), "
+            f"on {data['machine']['cpus']} CPUs (commit {data.get('commit', '?')}).")
+
+
+def dense_wikitext2(table1: list[list[str]], dp_utility: list[list[str]], precision_: dict, hessian: dict,
+                    peers_: dict, perplexity_: dict) -> str:
+    """Every Dense WikiText-2 perplexity the docs quote, each with the windows it was measured on:
+    a perplexity over a sample of windows depends on which windows, so the figures differ."""
+    def md_line(path: str, start: str) -> str:
+        return next(line.removeprefix("- ") for line in (REPO / path).read_text().splitlines() if line.startswith(start))
+
+    dense = {row[0]: row for row in table1[1:]}["Dense"][table1[0].index("WikiText-2")]
+    dp_dense = next(r for r in _records(dp_utility) if r["Mechanism"].startswith("Dense"))["WikiText-2 ppl"]
+
+    def windows(data: dict) -> str:
+        ev = data.get("evaluation", data)
+        return f"{ev['windows']} {ev['dataset']} test windows × {ev['seqlen']} tokens"
+
+    rows = [
+        ("`make run`, Table 1 (reports/table1.csv)", md_line("reports/table1.md", "- Perplexity on ").split(";")[0]
+         .removeprefix("Perplexity on "), dense),
+        ("DP privacy–utility table (reports/privacy_dp_utility.csv)",
+         md_line("reports/privacy_dp_utility.md", "- Perplexity: ").removeprefix("Perplexity: ").split(";")[0],
+         dp_dense),
+        ("bfloat16 vs float32 masks (benchmarks/results/precision.json)", windows(precision_),
+         f"{precision_['dense_ppl_float32']:.2f}"),
+        ("SparseGPT Hessian dtype (benchmarks/results/hessian_dtype.json)", windows(hessian), f"{hessian['dense_ppl']:.2f}"),
+        ("fedlib vs llmcompressor (benchmarks/results/peers.json)", windows(peers_), f"{peers_['dense_ppl']:.2f}"),
+        ("perplexity rate (benchmarks/results/perplexity.json)", windows(perplexity_),
+         f"{perplexity_['records'][0]['fedlib_ppl']:.2f}"),
+    ]
+    out = ["| where | windows scored | Dense WikiText-2 ppl |", "|---|---|---|"]
+    out += [f"| {where} | {scored} | {ppl} |" for where, scored, ppl in rows]
+    return "\n".join(out)
+
+
+def test_durations(data: dict) -> str:
+    """The slowest tests of a recorded `make test` (tools/test_durations.py over its JUnit XML)."""
+    lines = [f"{data['tests']} tests, {data['seconds_total'] / 60:.1f} min of pytest; commit {data['commit']}, "
+             f"{data['machine']['cpus']} CPUs ({data['machine']['machine']}).", "",
+             "| test | seconds |", "|---|---|"]
+    lines += [f"| `{r['test']}` | {r['seconds']:.1f} |" for r in data["slowest"]]
+    return "\n".join(lines)
+
+
+#: what each mask-file field means (the spec's prose); mask_fields() refuses to render when
+#: fedlib.maskfile has a field this lacks, or this names one it lacks, so the spec cannot drift
+MASK_FIELD_MEANINGS = {
+    "format": "always `fedlib-mask`",
+    "format_version": "1 (packed bits) or 2 (entropy-coded client masks)",
+    "model_fingerprint": "sha256 over every parameter's name, shape, dtype and bytes of the public model",
+    "role": "`client` (an upload) or `global` (the server's file)",
+    "client_id": "the site's id (distinct within a cohort)",
+    "method": "a registered local method; in a global file `<schedule>[<method>]<label>` or `random`",
+    "group": "comparison group: `row`, `column`, `layer` or `N:M`",
+    "sparsity": "the claimed target fraction, written as Python's `repr(float)`",
+    "allocation": "`uniform` or `nonuniform` (per-layer sparsity chosen by the method: OWL, BESA)",
+    "n_samples": "calibration samples behind the mask (plain decimal integer)",
+    "seed": "tie-break seed (plain decimal integer)",
+    "n_clients": "clients aggregated (1 in a client file)",
+    "fedlib_version": "version of the fedlib that wrote the file",
+    "layers": "JSON list of `{\"name\", \"shape\", \"pruned\"}` in model order",
+    "reference": "version 2: the reference the mask is coded against (`magnitude`)",
+    "reference_sha256": "version 2: sha256 of the reference's buckets for the file's layers",
+    "method_options": "the method's constructor options (canonical JSON object)",
+    "dtype": "the compute dtype the client ran in",
+    "dp": "the DP guarantee of a DP client (ε, δ, clip, σ, accountant, neighbours, releases; compact JSON)",
+    "rr_epsilon_per_bit": "randomized response on the votes: ε per bit",
+    "votes": "what the `votes:` tensors count",
+    "robust": "the robust rule that screened the clients (`mad`)",
+    "excluded_clients": "clients whose votes the robust rule did not count (JSON list)",
+    "absent_clients": "clients of a networked round without an accepted upload (JSON list)",
+    "payload": "`weights` in a weight file (FedSpaLLM)",
+    "weight_dtype": "dtype of the `weight:` tensors (`float16` or `float32`)",
+    "round": "the round the file belongs to",
+    "uncovered_blocks": "blocks no upload covered, kept from the previous round (JSON list)",
+    "rounding": "the expansion rounding `fedlib aggregate` used",
+}
+
+
+def mask_fields(_source: str) -> str:
+    """The mask file's fields, kinds and versions as fedlib.maskfile reads them (the versioned spec)."""
+    from fedlib import maskfile
+
+    names = set(maskfile.METADATA_FIELDS) | set(maskfile.CODED_FIELDS)
+    names |= {name for always, optional in maskfile.EXTRAS.values() for name in (*always, *optional)}
+    missing, unknown = names - set(MASK_FIELD_MEANINGS), set(MASK_FIELD_MEANINGS) - names
+    if missing or unknown:
+        raise ValueError(f"fedlib/maskfile.py and MASK_FIELD_MEANINGS differ: undocumented {sorted(missing)}, "
+                         f"no longer read {sorted(unknown)}")
+    out = [f"Format `{maskfile.FORMAT}`, versions {', '.join(map(str, maskfile.FORMAT_VERSIONS))} "
+           f"(the writer's default: {maskfile.FORMAT_VERSION}).", "",
+           "**Metadata every file carries** (safetensors string metadata, exact key set):", "",
+           "| field | meaning |", "|---|---|"]
+    out += [f"| `{name}` | {MASK_FIELD_MEANINGS[name]} |" for name in maskfile.METADATA_FIELDS]
+    out += ["", "**Format version 2 adds** (client mask files only):", "", "| field | meaning |", "|---|---|"]
+    out += [f"| `{name}` | {MASK_FIELD_MEANINGS[name]} |" for name in maskfile.CODED_FIELDS]
+    out += ["", "**`x_` fields by kind of file** (required / optional; any other `x_` key is refused):", "",
+            "| role | payload | field | required | meaning |", "|---|---|---|---|---|"]
+    for (role, payload), (always, optional) in maskfile.EXTRAS.items():
+        out += [f"| {role} | {payload} | `x_{name}` | {'yes' if name in always else 'no'} | {MASK_FIELD_MEANINGS[name]} |"
+                for name in (*always, *optional)]
+    out += ["", "Written together or not at all: " + "; ".join(
+        " and ".join(f"`x_{name}`" for name in names_) for names_ in maskfile.PAIRED_EXTRAS) + ".",
+        "", f"Tensors: `mask:<layer>` (`uint8`) per prunable linear; in a global file `votes:<layer>` "
+        f"(`uint8`, `int16` beyond 255 clients); in a weight file `{maskfile.WEIGHT_PREFIX}<layer>` "
+        f"({', '.join(f'`{d}`' for d in maskfile.WEIGHT_DTYPES)})."]
+    return "\n".join(out)
+
+
+def _schema_type(spec: dict) -> str:
+    if "enum" in spec:
+        return " or ".join(f"`{json.dumps(v)}`" for v in spec["enum"])
+    if "$ref" in spec:
+        return spec["$ref"].rsplit("/", 1)[-1]
+    for key in ("oneOf", "anyOf"):
+        if key in spec:
+            return " or ".join(dict.fromkeys(_schema_type(option) for option in spec[key]))
+    kind = spec.get("type", "")
+    return " or ".join(kind) if isinstance(kind, list) else kind
+
+
+def _cell(text) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def config_reference(schema_text: str, config_text: str) -> str:
+    """Every configuration key: its type, the schema's default, the value in config.yaml and what it means."""
+    import yaml
+
+    schema, config = yaml.safe_load(schema_text), yaml.safe_load(config_text)
+    out = [f"From `{SCHEMA.relative_to(REPO)}` (type, default, meaning) and `config.yaml` (its value).", "",
+           "| key | type | default | `config.yaml` | meaning |", "|---|---|---|---|---|"]
+
+    def walk(props: dict, values, prefix: str) -> None:
+        for key, spec in props.items():
+            name = f"{prefix}{key}"
+            value = values.get(key, "–") if isinstance(values, dict) else "–"
+            nested = spec.get("properties")
+            shown = "(below)" if nested and isinstance(value, dict) else f"`{json.dumps(value)}`" if value != "–" else "–"
+            if len(shown) > 60:
+                shown = shown[:57] + "…`"
+            default = f"`{json.dumps(spec['default'])}`" if "default" in spec else "–"
+            out.append(f"| `{name}` | {_cell(_schema_type(spec))} | {_cell(default)} | {_cell(shown)} "
+                       f"| {_cell(spec.get('description', ''))} |")
+            if nested:
+                walk(nested, value if isinstance(value, dict) else {}, f"{name}.")
+
+    walk(schema["properties"], config, "")
+    return "\n".join(out)
+
+
+#: blocks whose figures a later run or a later change of the workflow superseded: the block says so
+SUPERSEDED = {
+    "workflow": "measured when `make run` evaluated 8 windows per dataset; it now evaluates 16 (the evaluate "
+                "rule's time roughly doubles), so today's run takes longer",
+    "run-time": "measured when `make run` evaluated 8 windows per dataset; it now evaluates 16, so today's run "
+                "takes longer",
+    "privacy-dp-utility": "the row 'Wanda on public text only' used held-out C4 documents that are also C4 "
+                          "evaluation documents; the workflow now draws public text from the calibration documents "
+                          "and the committed table was not rerun",
+    "domain": "its DP rows are at 4 × 8 private windows and predate the posterior estimator; the distributed "
+              "mechanism's current results are the runs at n = 512 and n = 1024",
+}
+
+
 def _load(path: Path):
     if path.suffix == ".json":
         return json.loads(path.read_text())
-    return list(csv.reader(path.open()))
+    if path.suffix == ".csv":
+        return list(csv.reader(path.open()))
+    return path.read_text()
+
+
+#: the workflow's configuration schema (inside the package once it ships there)
+SCHEMA = next((p for p in (REPO / "fedlib/schemas/config.schema.yaml", REPO / "workflow/schemas/config.schema.yaml")
+               if p.is_file()), REPO / "workflow/schemas/config.schema.yaml")
 
 
 SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
@@ -588,6 +788,15 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
         *((table.replace("_", "-"), f"reports/{table}.csv") for analysis in TARGETS for table in analysis.tables),
     )},
     "privacy": (tuple(REPO / f"reports/privacy_{name}.csv" for name in PRIVACY), privacy),
+    "table1-abridged": (REPO / "reports/table1.csv", table1_abridged),
+    "run-time": (REPO / "benchmarks/results/workflow.json", run_time),
+    "dense-wikitext2": (tuple(REPO / p for p in (
+        "reports/table1.csv", "reports/privacy_dp_utility.csv", "benchmarks/results/precision.json",
+        "benchmarks/results/hessian_dtype.json", "benchmarks/results/peers.json", "benchmarks/results/perplexity.json")),
+        dense_wikitext2),
+    "mask-fields": (REPO / "fedlib/maskfile.py", mask_fields),
+    "test-durations": (REPO / "benchmarks/results/test_durations.json", test_durations),
+    "config": ((SCHEMA, REPO / "config.yaml"), config_reference),
     **{name: (REPO / path, domain(path)) for name, path in (
         ("domain", "reports/domain.csv"), ("domain-n512", "reports/domain_n512/domain.csv"),
         ("domain-n1024", "reports/domain_n1024/domain.csv"))},
@@ -602,46 +811,118 @@ def _names(source: Path | tuple[Path, ...]) -> str:
     return ", ".join(str(p.relative_to(REPO)) for p in _paths(source))
 
 
+def pages() -> list[Path]:
+    """Every page that may hold generated blocks: the README, the configuration reference the
+    workflow catalog reads, and the docs site."""
+    return [REPO / "README.md", REPO / "config/README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
 def blocks(text: str) -> dict[str, str]:
     """name -> the text between its markers (each on its own line)."""
     return {m.group(1): m.group(2) for m in re.finditer(r"<!-- figures:([\w-]+) -->\n(.*?)<!-- /figures:\1 -->", text, re.S)}
 
 
+def render(name: str) -> str:
+    """A block's text from its sources (with the superseded note where one applies)."""
+    source, renderer = SOURCES[name]
+    body = renderer(*map(_load, _paths(source)))
+    if name in SUPERSEDED:
+        body = f"> **Superseded:** {SUPERSEDED[name]}.\n\n{body}"
+    return body + "\n"
+
+
 def render_all(text: str, names=None) -> tuple[str, list[str]]:
-    """README text with every available block regenerated, and the names regenerated."""
+    """Page text with every available block regenerated, and the names regenerated."""
     done = []
     for name in blocks(text):
-        source, render = SOURCES[name]
+        source, _ = SOURCES[name]
         if (names and name not in names) or not all(p.is_file() for p in _paths(source)):
             continue
-        body = render(*map(_load, _paths(source))) + "\n"
+        body = render(name)
         text = re.sub(rf"(<!-- figures:{name} -->\n).*?(<!-- /figures:{name} -->)",
                       lambda m: m.group(1) + body + m.group(2), text, flags=re.S)
         done.append(name)
     return text, done
 
 
+# A figure in prose outside a block is a copy that nothing keeps equal to its source. The check
+# below finds measured-looking figures (a number with a unit) outside blocks and code, and
+# accepts one only where the page's own blocks hold that number, or where it is a setting
+# (a sparsity, a confidence level, ...) that no run measures.
+_FIGURE = re.compile(r"(?<![\w.\-/])(\d[\d,]*(?:\.\d+)?)\s?(%|×(?!\s?\d)|ppl\b|s\b|min\b|minutes\b|hours?\b|GiB\b|MiB\b|GB\b|MB\b"
+                     r"|bits? per weight\b|bit/weight\b)")
+#: a perplexity quoted by name ("ppl 70.62", "perplexity of 31.17")
+_NAMED_FIGURE = re.compile(r"\b(?:ppl|perplexit(?:y|ies))\s+(?:of\s+|is\s+|at\s+)?(\d[\d,]*\.\d+)")
+#: figures that are settings or definitions, not measurements, wherever they appear
+SETTINGS = {"50 %", "60 %", "70 %", "80 %", "95 %", "1 %", "0.1 %", "50%", "60%", "70%", "95%", "1%", "1.4826 ×", "99.9 %"}
+
+
+def _prose(text: str) -> str:
+    """The page without its generated blocks, code blocks and inline code."""
+    text = re.sub(r"<!-- figures:([\w-]+) -->\n.*?<!-- /figures:\1 -->", "", text, flags=re.S)
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def _numbers(text: str) -> set[str]:
+    return {n.replace(",", "") for n in re.findall(r"\d[\d,]*(?:\.\d+)?", text)}
+
+
+def unsourced_figures(text: str) -> list[str]:
+    """Figures with a unit in the page's prose that neither its blocks hold nor SETTINGS lists."""
+    held = _numbers("".join(blocks(text).values()))
+    prose = _prose(text)
+    found = []
+    for m in _FIGURE.finditer(prose):
+        figure = f"{m.group(1)} {m.group(2)}"
+        if figure in SETTINGS or m.group(0) in SETTINGS or m.group(1).replace(",", "") in held:
+            continue
+        found.append(m.group(0))
+    found += [m.group(0) for m in _NAMED_FIGURE.finditer(prose) if m.group(1).replace(",", "") not in held]
+    return found
+
+
+def check(page: Path) -> list[str]:
+    """What is wrong with a page: blocks that differ from their sources, unknown blocks, figures
+    quoted in prose that its blocks do not hold."""
+    text = page.read_text()
+    rel = page.relative_to(REPO) if page.is_relative_to(REPO) else page
+    unknown = sorted(set(blocks(text)) - set(SOURCES))
+    if unknown:
+        return [f"{rel}: unknown figure blocks {unknown}; known: {sorted(SOURCES)}"]
+    new, done = render_all(text)
+    problems = [f"{rel}: block {n} differs from {_names(SOURCES[n][0])} (run python tools/readme_figures.py)"
+                for n in done if blocks(new)[n] != blocks(text)[n]]
+    problems += [f"{rel}: figure {f!r} in prose is in none of the page's generated blocks (quote it through a block)"
+                 for f in unsourced_figures(text)]
+    return problems
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare only; exit 1 if a block differs")
-    parser.add_argument("--readme", default=str(REPO / "README.md"))
+    parser.add_argument("--check", action="store_true",
+                        help="compare only; exit 1 if a block differs from its source or prose quotes a figure no block holds")
+    parser.add_argument("--page", "--readme", dest="pages", action="append",
+                        help="a page to regenerate or check (repeatable; default: README.md, config/README.md, docs/**.md)")
     parser.add_argument("names", nargs="*", help="blocks to regenerate (default: all whose source exists)")
     args = parser.parse_args()
-    readme = Path(args.readme)
-    text = readme.read_text()
-    unknown = set(blocks(text)) - set(SOURCES)
-    if unknown:
-        print(f"{readme}: unknown figure blocks {sorted(unknown)}; known: {sorted(SOURCES)}", file=sys.stderr)
-        return 2
-    new, done = render_all(text, set(args.names))
+    targets = [Path(p) for p in args.pages] if args.pages else pages()
     if args.check:
-        stale = [n for n in done if blocks(new)[n] != blocks(text)[n]]
-        for name in stale:
-            print(f"{readme}: block {name} differs from {_names(SOURCES[name][0])} "
-                  f"(run python tools/readme_figures.py)", file=sys.stderr)
-        return 1 if stale else 0
-    readme.write_text(new)
-    print(f"regenerated {', '.join(done) or 'nothing'} in {readme}")
+        problems = [problem for page in targets for problem in check(page)]
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 1 if problems else 0
+    for page in targets:
+        text = page.read_text()
+        unknown = set(blocks(text)) - set(SOURCES)
+        if unknown:
+            print(f"{page}: unknown figure blocks {sorted(unknown)}; known: {sorted(SOURCES)}", file=sys.stderr)
+            return 2
+        new, done = render_all(text, set(args.names))
+        if new != text:
+            page.write_text(new)
+        if done:
+            print(f"regenerated {', '.join(done)} in {page}")
     return 0
 
 
