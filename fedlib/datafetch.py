@@ -212,9 +212,11 @@ def fetch(dest: Path, files: Iterable[str] | None = None, manifest: dict | None 
         sources = Sources(manifest, Path(folder), mirror_url, timeout)
         for name in names:
             spec, path = manifest["files"][name], dest / name
-            if path.is_file() and path.stat().st_size == spec["bytes"] and sha256_file(path) == spec["sha256"]:
-                log(f"{name}: present, sha256 matches")
-                continue
+            if path.is_file():
+                if path.stat().st_size == spec["bytes"] and sha256_file(path) == spec["sha256"]:
+                    log(f"{name}: present, sha256 matches")
+                    continue
+                log(f"{name}: present but not the recorded file (sha256 differs): rebuilding it")
             try:
                 data = BUILDS[spec["build"]["kind"]](sources, spec["build"])
                 digest = hashlib.sha256(data).hexdigest()
@@ -222,7 +224,7 @@ def fetch(dest: Path, files: Iterable[str] | None = None, manifest: dict | None 
                     raise DataFetchError(f"built {len(data)} bytes with sha256 {digest}, expected {spec['bytes']} "
                                          f"bytes with sha256 {spec['sha256']}; not written")
             except DataFetchError as err:
-                log(f"{name}: FAILED: {err}")
+                log(f"{name}: FAILED (below)")
                 failed.append(f"{name}: {err}")
                 continue
             with atomic_path(path) as tmp:
