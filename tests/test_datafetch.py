@@ -217,3 +217,11 @@ def test_config_without_data_names_both_ways(tmp_path):
         validate_config(config, tmp_path)
     lines = str(err.value).splitlines()
     assert len(lines) == 2 and "make data" in lines[1] and SHARED_DATA_DIR in lines[1]
+
+
+def test_data_dir_defaults_to_auto(tmp_path):
+    """A config without data_dir reads the mirror data_dir: auto finds."""
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    del config["data_dir"]
+    with pytest.raises(ConfigError, match="make data"):
+        validate_config(config, tmp_path)
