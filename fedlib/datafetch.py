@@ -60,11 +60,16 @@ class Sources:
 
     def __init__(self, manifest: dict, folder: Path, mirror_url: str | None, timeout: float):
         self.spec, self.folder, self.mirror_url, self.timeout = manifest["sources"], folder, mirror_url, timeout
-        self.paths: dict[str, Path] = {}
+        self.paths: dict[str, Path | DataFetchError] = {}
 
     def path(self, name: str) -> Path:
         if name not in self.paths:
-            self.paths[name] = self._download(name)
+            try:
+                self.paths[name] = self._download(name)
+            except DataFetchError as err:  # tried once per run: the files it serves all fail alike
+                self.paths[name] = err
+        if isinstance(self.paths[name], DataFetchError):
+            raise self.paths[name]
         return self.paths[name]
 
     def read(self, name: str) -> bytes:
