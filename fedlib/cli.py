@@ -629,6 +629,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("plot", plots.run, plots.HELP)
     plots.add_arguments(p)
+
+    from fedlib import datafetch
+
+    p = verb("data", datafetch.run, datafetch.HELP)
+    datafetch.add_arguments(p)
     return parser
 
 

@@ -1,6 +1,6 @@
 """The workflow configuration checked as a whole before any job runs (``snakemake -n`` included).
 
-workflow/schemas/config.schema.yaml checks each key on its own (types, ranges, names from the
+fedlib/schemas/config.schema.yaml checks each key on its own (types, ranges, names from the
 registries); :func:`validate_config` checks what a schema cannot: values against each other
 (clients against calibration samples, one study's pool against its clients, held-out C4
 documents against calibration's), against the files they name (the data mirror, the model
@@ -34,9 +34,9 @@ from fedlib.catalog import Catalog, PrivacyCatalog
 from fedlib.catalog.privacy import sizes
 from fedlib.embedded import EMBEDDED
 from fedlib.evaluate.zeroshot import task_file
-from fedlib.mirror import CALIBRATION_SPLIT, EVALUATION_SPLIT, MIXTURE_DATASETS, mirror_path
+from fedlib.mirror import CALIBRATION_SPLIT, EVALUATION_SPLIT, MIXTURE_DATASETS, mirror_path, resolve_data_dir
 
-SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"  # package data
 UNSTRUCTURED = ("layer", "row", "column")
 NM = re.compile(r"([1-9][0-9]*):([1-9][0-9]*)")
 GROUPS_ALLOWED = "layer, row, column or N:M with 0 < N < M (e.g. 2:4)"
@@ -69,6 +69,10 @@ def validate_config(config: Mapping, workdir: Path) -> None:
     (relative paths in the config are relative to it). ``config`` is not changed."""
     cfg = with_schema_defaults(config)
     workdir = Path(workdir)
+    try:
+        cfg["data_dir"] = resolve_data_dir(cfg["data_dir"], workdir)
+    except FileNotFoundError as err:  # no data at all: the one thing to fix first
+        raise ConfigError(f"invalid configuration; nothing was run:\n  - {err}") from None
     problems = _Problems()
     _check_clients(cfg, problems)
     _check_groups(cfg, problems)
@@ -223,7 +227,8 @@ def _check_data(cfg: dict, workdir: Path, problems: _Problems) -> None:
     root = workdir / data_dir
     if not root.is_dir():
         problems.add("data_dir", data_dir, "a folder laid out like shared/data (relative to the working "
-                     "directory), or null for the Hugging Face hub", f"{root} is not a folder")
+                     "directory; `make data` fetches one into resources/data), auto, or null for the Hugging Face "
+                     "hub", f"{root} is not a folder")
         return
     needed: dict[Path, list[tuple[str, object]]] = {}  # file -> the (key, value) pairs that need it
 

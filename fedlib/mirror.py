@@ -22,3 +22,29 @@ EVALUATION_SPLIT = {"wikitext2": "test", "ptb": "test", "c4": "train"}
 def mirror_path(data_dir: str | Path, dataset: str, split: str) -> Path:
     """``{data_dir}/{dataset}/{split}.jsonl`` for C4 (one JSON document per line), ``.txt`` otherwise."""
     return Path(data_dir) / dataset / f"{split}.{'jsonl' if dataset == 'c4' else 'txt'}"
+
+
+#: what `fedlib data` rebuilds the mirror from (fedlib.datafetch): each file's sources and sha256
+DATA_SOURCES = Path(__file__).resolve().parent / "data_sources.json"
+#: where `make data` / `fedlib data` put the files (relative to the working directory)
+FETCHED_DATA_DIR = "resources/data"
+#: the offline mirror beside the checkout, where a machine provides one
+SHARED_DATA_DIR = "../shared/data"
+#: the data_dir value that picks the first of SHARED_DATA_DIR, FETCHED_DATA_DIR that exists
+AUTO = "auto"
+
+
+def resolve_data_dir(value: str | None, workdir: str | Path) -> str | None:
+    """data_dir as the jobs read it: None (the Hugging Face hub) and explicit paths unchanged;
+    ``auto``: ../shared/data when present, else resources/data (relative to ``workdir``).
+    Raises FileNotFoundError naming both ways to get data when ``auto`` finds neither."""
+    if value != AUTO:
+        return value
+    for candidate in (SHARED_DATA_DIR, FETCHED_DATA_DIR):
+        if (Path(workdir) / candidate).is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"data_dir = {AUTO}: no data mirror at {SHARED_DATA_DIR} or {FETCHED_DATA_DIR}: run `make data` (or "
+        f"`fedlib data`) to fetch it into {FETCHED_DATA_DIR} (27 MB of data, about 100 MB downloaded), or set "
+        f"data_dir to a folder laid out like it, or data_dir: null with HF_HUB_OFFLINE=0 to read the Hugging "
+        f"Face hub")

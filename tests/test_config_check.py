@@ -22,7 +22,7 @@ from fedlib.embedded import EMBEDDED
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_DIR = REPO / ".test"
-SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA = REPO / "fedlib" / "schemas" / "config.schema.yaml"
 
 
 def config_with(*changes) -> dict:

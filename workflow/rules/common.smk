@@ -24,12 +24,15 @@ from fedlib.catalog import (
     plot_inputs,
     table_inputs,
 )
-from fedlib.config_check import materialized_dir, validate_config
+from fedlib.config_check import SCHEMA, materialized_dir, validate_config
+from fedlib.mirror import resolve_data_dir
 from fedlib.privacy_analyses import TARGETS as PRIVACY_TARGETS
 from fedlib.server import STRATEGIES
 
-validate(config, "../schemas/config.schema.yaml")
+validate(config, str(SCHEMA))  # the schema ships in the package (fedlib/schemas)
 validate_config(config, Path.cwd())  # what the schema cannot express: values against each other, files, the model
+# data_dir: auto -> ../shared/data when present, else resources/data (`make data`), before anything reads it
+config["data_dir"] = resolve_data_dir(config["data_dir"], Path.cwd())
 
 RESULTS = config["results_dir"]
 REPORTS = config["reports_dir"]
