@@ -205,7 +205,7 @@ def test_named_study_targets_plan(tmp_path):
     out = snakemake(tmp_path, *targets, "--configfile", str(tmp_path / "config.yaml"), "-n", "-p")
     jobs = planned_jobs(out)
     # table1_seeds' second draw: its own pool, sampled and split with seed 5 (tie-breaks keep the config's seed 0)
-    assert re.search(r"--seed 5 --docs 0 50 --out results/pools/c4-3x32-seed5\.safetensors", out)
+    assert re.search(r"--seed 5 --c4-docs 0 50 --out results/pools/c4-3x32-seed5\.safetensors", out)
     assert re.search(r"--pool results/pools/c4-3x32-seed5\.safetensors .*--seed 5 ", out)
     assert re.search(r"--calib results/shards/c4-3x32-seed5/iid-3/client_0\.safetensors .*--seed 0 ", out)
     assert jobs["iterative"] == 4 and jobs["fedspallm"] == 1 and jobs["random_mask"] == 1
