@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install install-slurm install-flower run test test-fast test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-peers clean
+.PHONY: install install-slurm install-flower run unlock test test-fast test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-peers clean
 
 install: $(STAMP)
 
@@ -48,12 +48,17 @@ test-slurm: install-slurm
 	  { echo "test-slurm: no Slurm answers and $(SLURM_UP) could not start one" >&2; exit 1; }
 	$(BIN)/python -m pytest -q -rs -m slurm
 
-# the experiment, then its HTML report (the report step runs no job); a run killed in any way
-# resumes with `make run` again (the workflow removes a dead run's lock: fedlib/runlock.py;
-# profiles/default reruns the jobs it cut off)
+# the experiment, then its HTML report (the report step runs no job); a run stopped with Ctrl-C
+# resumes with `make run` again (profiles/default reruns the jobs it cut off). One killed with
+# kill -9 or a power loss leaves Snakemake's lock behind: `make unlock run`. The workflow never
+# removes a lock itself: only you know that no run is alive in this folder, on any host.
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
 	$(BIN)/snakemake --cores $(CORES) --report reports/report.html
+
+# Snakemake's own --unlock: run it only when no Snakemake is running in this folder
+unlock: $(STAMP)
+	$(BIN)/snakemake --unlock
 
 # the workflow's formatting (snakefmt, as the snakemake-workflows catalog), then the test suite
 # (everything but the Slurm test: what CI runs)

@@ -1,5 +1,5 @@
 # fedlib: federated pruning of LLMs (FedPrLLM). Stages live in workflow/rules/*.smk;
-# the logic lives in the fedlib library, which every rule calls through the `fedlib` CLI ({FEDLIB}).
+# the logic lives in the fedlib library, which every rule calls through the `fedlib` CLI (FEDLIB).
 # Another workflow can use this one as a module (`module fedlib: snakefile: ...`): nothing
 # here changes the importer's shell, environment or locks.
 
@@ -28,10 +28,12 @@ include: "workflow/rules/common.smk"
 # Jobs run this checkout's fedlib (its folder first on PYTHONPATH, set in each job's own shell)
 # with the `python` of their environment: a conda environment of envs/fedlib.yaml, or else the
 # interpreter that runs Snakemake (the .venv of `make install`, whether or not it is activated).
+# The rules write it into their commands when they are read (f-strings: Snakemake formats a
+# module's commands without the module's variables), so its braces are doubled for Snakemake.
 _PYTHON = (
     "python" if "conda" in map(str, workflow.deployment_settings.deployment_method) else shlex.quote(sys.executable)
 )
-FEDLIB = f"PYTHONPATH={shlex.quote(CHECKOUT)}${{PYTHONPATH:+:$PYTHONPATH}} {_PYTHON} -m fedlib"
+FEDLIB = f"PYTHONPATH={shlex.quote(CHECKOUT)}${{{{PYTHONPATH:+:$PYTHONPATH}}}} {_PYTHON} -m fedlib"
 
 
 include: "workflow/rules/model.smk"

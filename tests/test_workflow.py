@@ -234,6 +234,55 @@ def test_workflow_passes_snakemake_lint(tmp_path):
     assert "Lints for" not in out, out
 
 
+MODULE_SNAKEFILE = """
+configfile: "config.yaml"
+
+
+module fedlib:
+    snakefile:
+        "{snakefile}"
+    config:
+        config
+
+
+use rule * from fedlib as fedlib_*
+
+
+rule outer:
+    output:
+        "outer.txt",
+    shell:
+        "echo PYTHONPATH=${{{{PYTHONPATH-}}}} > {{output}}"
+"""
+
+
+def test_the_workflow_is_usable_as_a_module(tmp_path):
+    """Another workflow imports this one (`module` + `use rule *`): the dry run plans rule all's
+    jobs, a real target runs the same command as in the workflow itself, and the importer's own
+    rules see no environment of ours (no PYTHONPATH leaks through a shell prefix)."""
+    outer, alone = tmp_path / "outer", tmp_path / "alone"
+    copy_test_dir(outer)
+    copy_test_dir(alone)
+    (outer / "Snakefile").write_text(MODULE_SNAKEFILE.format(snakefile=REPO / "Snakefile"))
+    env = {k: v for k, v in without_venv_path().items() if k != "PYTHONPATH"}
+
+    def outer_snakemake(*args):
+        proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args], capture_output=True,
+                              text=True, env=env, cwd=outer)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        return proc.stdout + proc.stderr
+
+    jobs = planned_jobs(outer_snakemake("-n", "fedlib_all"))
+    assert jobs["fedlib_client_mask"] == 3 and jobs["fedlib_table1"] == 1 and jobs["fedlib_all"] == 1
+    pool = "results/pools/c4-3x32.safetensors"
+    command = re.compile(r"^.* -m fedlib calibration-pool .*$", re.M)
+    printed = command.search(outer_snakemake("-n", "-p", pool))[0]
+    assert printed == command.search(snakemake(alone, pool, "--configfile", "config.yaml", "-n", "-p"))[0]
+    outer_snakemake(pool, "outer.txt")
+    assert tuple(load_tokens(outer / pool)[0].shape) == (3, 32)
+    assert (outer / "outer.txt").read_text() == "PYTHONPATH=\n"
+
+
 def test_fedspallm_samples_per_client_sets_the_pool(tmp_path):
     """studies.fedspallm.samples_per_client gives every client that many samples (the paper's
     setting) instead of splitting calibration.nsamples."""

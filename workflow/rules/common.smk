@@ -1,5 +1,5 @@
 # Functions and values the rules share, and the config's validation: nothing else happens here at
-# parse time (the jobs' command, {FEDLIB}: the Snakefile).
+# parse time (the jobs' command, FEDLIB: the Snakefile).
 
 import errno
 import json

@@ -27,7 +27,7 @@ rule aggregate:
         cohort=lambda wc: CATALOG.cohort_args(wc.prune),
         options=CATALOG.server_args(),
     shell:
-        "{FEDLIB} aggregate --model {params.model} --strategy {wildcards.strategy} --server-group {params.group} "
+        f"{FEDLIB} aggregate --model {{params.model}} --strategy {{wildcards.strategy}} --server-group {{params.group}} "
         "--sparsity {params.sparsity} --seed {params.seed} {params.cohort} {params.options} --out {output.mask} "
         "--report {output.report} {input.masks} > {log} 2>&1"
 
@@ -62,7 +62,7 @@ rule iterative:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "{FEDLIB} iterative --model {params.model} --calib {input.calib} {params.pruning} "
+        f"{FEDLIB} iterative --model {{params.model}} --calib {{input.calib}} {{params.pruning}} "
         "--server-group {params.group} {params.scale} --seed {params.seed} --batch-size {params.batch_size} "
         "{params.placement} --threads {threads} --out {output.mask} --record {output.record} > {log} 2>&1"
 
@@ -101,7 +101,7 @@ rule fedspallm:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "{FEDLIB} fedspallm --model {params.model} --calib {input.calib} {params.args} "
+        f"{FEDLIB} fedspallm --model {{params.model}} --calib {{input.calib}} {{params.args}} "
         "--seed {params.seed} --batch-size {params.batch_size} "
         "{params.placement} --threads {threads} {params.standalone} --out {output.weights} "
         "--record {output.record} > {log} 2>&1"
@@ -127,5 +127,5 @@ rule random_mask:
         model=model_folder,
         seed=config["seed"],
     shell:
-        "{FEDLIB} random-mask --model {params.model} --sparsity {wildcards.sparsity} --seed {params.seed} "
+        f"{FEDLIB} random-mask --model {{params.model}} --sparsity {{wildcards.sparsity}} --seed {{params.seed}} "
         "--out {output} > {log} 2>&1"
