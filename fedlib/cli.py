@@ -16,7 +16,6 @@ from pathlib import Path
 
 from fedlib import __version__
 from fedlib.cli_args import (
-    STRATEGY_OPTIONS,
     add_c4_docs_argument,
     add_dp_arguments,
     add_group_argument,
@@ -27,12 +26,14 @@ from fedlib.cli_args import (
     comparison_group,
     dp_target_from_args,
     input_file,
+    old_values,
     parse_data_dir,
     renamed,
     set_threads,
     verb_parser,
 )
 from fedlib.protocol import CALIBRATION_FREE, METHODS
+from fedlib.strategy_options import STRATEGY_OPTIONS
 
 
 def _write_json(path: Path, payload: dict) -> None:
@@ -166,8 +167,8 @@ def strategy_from_args(args):
 
 
 def add_strategy_arguments(p, aggregation: bool) -> None:
-    """``--strategy`` (:data:`fedlib.cli_args.STRATEGY_OPTIONS`: the registered strategies'
-    settings, torch-free), the settings every strategy has, and each strategy's own options
+    """``--strategy`` (:data:`fedlib.strategy_options.STRATEGY_OPTIONS`: the registered
+    strategies' settings, torch-free), the settings every strategy has, and each strategy's own options
     (``aggregation``: also those that change only the aggregation)."""
     p.add_argument("--strategy", default="fedprllm", choices=sorted(STRATEGY_OPTIONS), help="server strategy")
     add_group_argument(p, "server", "layer", "--group")
@@ -176,7 +177,9 @@ def add_strategy_arguments(p, aggregation: bool) -> None:
     for name, options in STRATEGY_OPTIONS.items():
         for option in options:
             if aggregation or not option.aggregation_only:
-                option.add_to(p, name)
+                kind = old_values(dict(option.old_values), option.type or str) if option.old_values else option.type
+                renamed(p, f"--{option.flag or option.field}", *option.old, dest=option.field, type=kind,
+                        choices=option.choices, nargs="+" if option.many else None, help=f"{name}: {option.help}")
 
 
 def cmd_configure(args) -> None:

@@ -12,11 +12,9 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from fedlib.protocol import FEDPRLLM_SCHEDULES, GROUPS, METHODS, ROBUST_RULES, ROUNDINGS, SAMPLERS
+from fedlib.protocol import GROUPS, METHODS
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -76,9 +74,9 @@ def renamed(parser, flag: str, *old: str, **kwargs) -> argparse.Action:
     return action
 
 
-def old_values(renamed: dict[str, str], parse: Callable[[str], object] = str) -> Callable[[str], object]:
+def old_values(renamed: dict[str, str], parse=str):
     """An argument type that reads each old value of ``renamed`` as its new one (with a
-    deprecation line), then parses the value with ``parse``."""
+    deprecation line), then parses it with ``parse``."""
 
     def read(value: str):
         if value in renamed:
@@ -86,12 +84,8 @@ def old_values(renamed: dict[str, str], parse: Callable[[str], object] = str) ->
             value = renamed[value]
         return parse(value)
 
-    read.__name__ = getattr(parse, "__name__", "value")  # what argparse's 'invalid ... value' names
+    read.__name__ = getattr(parse, "__name__", "value")  # what argparse's "invalid ... value" names
     return read
-
-
-#: FedPrLLM's schedule, as earlier releases also spelled it
-SCHEDULE = old_values({"oneshot": "one-shot", "fedprllm-iterative": "iterative"})
 
 
 def comparison_group(value: str) -> str:
@@ -135,51 +129,6 @@ def add_previous_global_argument(parser, help_text: str, *old: str) -> argparse.
 
 def add_threads_argument(parser) -> argparse.Action:
     return parser.add_argument("--threads", type=int, default=0, help="torch's CPU threads (0: torch's default)")
-
-
-@dataclass(frozen=True)
-class Option:
-    """A setting of one strategy that ``fedlib configure`` / ``fedlib aggregate`` offer as
-    ``--<flag>`` (the field's name unless ``flag`` says otherwise): the strategy's dataclass
-    field, what the help says, and how argparse reads it (``many``: one or more values, given to
-    the strategy as a tuple). ``aggregation_only``: it changes the aggregation, not the round
-    plan, so only ``fedlib aggregate`` offers it. ``old``: earlier spellings of the flag. An
-    option not given keeps the strategy's default."""
-
-    field: str
-    help: str
-    type: Callable[[str], object] | None = None
-    choices: tuple[str, ...] | None = None
-    many: bool = False
-    aggregation_only: bool = False
-    flag: str | None = None
-    old: tuple[str, ...] = ()
-
-    def add_to(self, parser, strategy: str) -> None:
-        extra = {"nargs": "+"} if self.many else {}
-        renamed(parser, f"--{self.flag or self.field}", *self.old, dest=self.field, type=self.type,
-                choices=self.choices, help=f"{strategy}: {self.help}", **extra)
-
-
-#: each strategy's own settings (:attr:`fedlib.server.strategy.Strategy.options`), declared here
-#: so that the command line is built without importing the strategies (torch)
-STRATEGY_OPTIONS: dict[str, tuple[Option, ...]] = {
-    "fedprllm": (
-        Option("mode", "one round over every block (default), or one round per block", type=SCHEDULE,
-               choices=FEDPRLLM_SCHEDULES, flag="schedule", old=("--mode",)),
-        Option("robust", "count only the votes of the clients this rule does not flag; rules "
-                         "(fedlib.server.robust): mad = distance to the leave-one-out majority mask above "
-                         "median + 3.5 * 1.4826 MAD. Default: every client's votes",
-               choices=ROBUST_RULES, aggregation_only=True),
-    ),
-    "fedspallm": (
-        Option("rounds", "number of rounds T", type=int),
-        Option("resources", "per client, the fraction of the blocks it prunes per round (layer sampling)",
-               type=float, many=True),
-        Option("sampler", "layer sampler", choices=SAMPLERS),
-        Option("rounding", "expansion target, Eq. 7 (ceil)", choices=ROUNDINGS, aggregation_only=True),
-    ),
-}
 
 
 def parse_data_dir(value: str | None) -> Path | None:

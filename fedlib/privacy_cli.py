@@ -7,14 +7,14 @@ The arguments import nothing heavy: the handlers import their stage
     fedlib privacy similarity   --model M --out X.json [--seeds 1 2 ...] CLIENT_MASKS...
     fedlib privacy sensitivity  --model M --calib D.safetensors --replacements R.safetensors... --out X.json
     fedlib privacy membership   --model M --population P.safetensors --targets T --blocks B --out X.json
-    fedlib privacy membership-shared --model M --population P.safetensors --samples N --shadows S --clients C --out X.json
+    fedlib privacy membership-shared --model M --population P.safetensors --samples N --shadows S --n-clients C --out X.json
     fedlib privacy secagg       --model M --population P.safetensors --cohorts 1 2 4 8 16 --out X.json
     fedlib privacy attribute    --model M --population P.safetensors (--term WORD | --domain-pool D.safetensors) --out X.json
     fedlib privacy inversion    --model M --texts T16.safetensors ... --out X.json
     fedlib privacy inversion-client --model M --mask CLIENT.mask.safetensors --shard S.safetensors --prior NAME=P.safetensors ... --out X.json
-    fedlib privacy rr-aggregate --model M --epsilon E --group layer --out G.mask.safetensors --record X.json MASKS...
-    fedlib privacy dp-federation --model M --public P.safetensors --clients C0 C1 ... --releases JSON --noise-seed S --out-dir D --record X.json
-    fedlib privacy dp-headroom  --model M --public P --clients C0 C1 ... --windows W --variants JSON --out X.json
+    fedlib privacy rr-aggregate --model M --epsilon E --server-group layer --out G.mask.safetensors --record X.json MASKS...
+    fedlib privacy dp-federation --model M --public P.safetensors --calib C0 C1 ... --releases JSON --noise-seed S --out-dir D --record X.json
+    fedlib privacy dp-headroom  --model M --public P --calib C0 C1 ... --windows W --variants JSON --out X.json
     fedlib privacy headroom-report --headroom X.json --public-eval E --central-eval E --out R.md
     fedlib privacy report       --spec JSON
     fedlib privacy scale-report --spec JSON

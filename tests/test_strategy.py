@@ -165,12 +165,12 @@ def test_aggregate_refuses_options_of_another_strategy(tiny_model_dir, tmp_path,
 
 def test_a_registered_strategy_is_offered_with_its_options(monkeypatch, tmp_path):
     """A new strategy is its class, one line in fedlib.server.STRATEGIES and its options in
-    fedlib.cli_args.STRATEGY_OPTIONS: --strategy offers it, with the options its class declares
+    fedlib.strategy_options.STRATEGY_OPTIONS: --strategy offers it, with the options its class declares
     (and no other strategy takes them)."""
     from dataclasses import dataclass
 
     from fedlib.cli import build_parser, strategy_from_args
-    from fedlib.cli_args import STRATEGY_OPTIONS
+    from fedlib.strategy_options import STRATEGY_OPTIONS
     from fedlib.server.strategy import Option, Strategy
 
     monkeypatch.setitem(STRATEGY_OPTIONS, "quantile", (Option("quantile", "the vote quantile", type=float),))

@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 
 from fedlib import progress
-from fedlib.cli_args import STRATEGY_OPTIONS
 from fedlib.groups import prune_lowest
 from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter
 from fedlib.models import LayerInfo
 from fedlib.protocol import FEDPRLLM_SCHEDULES
 from fedlib.server.robust import ConsensusDistance, client_report, screening_rule
+from fedlib.strategy_options import STRATEGY_OPTIONS
 from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 
 #: schedule -> the ``method`` prefix of its global files

@@ -67,12 +67,12 @@ from pathlib import Path
 import torch
 
 from fedlib import progress
-from fedlib.cli_args import STRATEGY_OPTIONS
 from fedlib.groups import GROUPS, prune_lowest, seeded_generator, sparsity_for_count
 from fedlib.maskfile import MaskFileError
 from fedlib.models import LayerInfo
 from fedlib.protocol import ROUNDINGS, SAMPLERS
 from fedlib.server.robust import ConsensusDistance, client_report, screening_rule
+from fedlib.strategy_options import STRATEGY_OPTIONS
 from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 from fedlib.weightfile import WEIGHT_DTYPES, open_weight_file, write_weight_file
 

@@ -20,7 +20,7 @@ The three federations of the papers are three schedules of the same protocol:
 The simulation drivers (:mod:`fedlib.federation`) and ``fedlib aggregate`` (client files) both go
 through these methods, so a strategy's rule is written once. A new strategy is one module with a
 :class:`Strategy` subclass, plus one line in :data:`fedlib.server.STRATEGIES` and its name and
-settings in :data:`fedlib.protocol.STRATEGIES` and :data:`fedlib.cli_args.STRATEGY_OPTIONS` (the
+settings in :data:`fedlib.protocol.STRATEGIES` and :data:`fedlib.strategy_options.STRATEGY_OPTIONS` (the
 command line is built without importing torch): the command line offers it (``--strategy``)
 with its :attr:`Strategy.options`, and the workflow's server rule
 runs it for a path that names it (``{strategy}_oneshot_{group}``, strategies that aggregate
@@ -30,16 +30,16 @@ client mask files). The schedules its global files name belong to the file forma
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
-from fedlib.cli_args import Option
 from fedlib.maskfile import PAYLOAD, MaskFile, MaskFileError
 from fedlib.models import LayerInfo
+from fedlib.strategy_options import Option
 
 
 @dataclass(frozen=True)
