@@ -529,7 +529,7 @@ def _cmd_secagg(args) -> None:
     from fedlib.privacy.stages.secagg import secagg_membership_audit
 
     if args.blocks is None:
-        raise SystemExit("fedlib privacy secagg: --blocks must be a number (sums of whole-model masks of every "
+        raise ValueError("--blocks must be a number (sums of whole-model masks of every "
                          "pool client do not fit the audit's memory plan)")
     model, pruning = _open(args)
     pop, _ = load_tokens(Path(args.population))
