@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export NO_MKDOCS_2_WARNING ?= 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install install-slurm install-flower data run test test-fast docs test-durations test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-sparse bench-peers lock clean
+.PHONY: install install-slurm install-flower data run unlock test test-fast docs test-durations test-slurm test-flower report report-check benchmark bench-scale bench-gpu bench-sparse bench-peers lock clean
 
 install: $(STAMP)
 
@@ -64,12 +64,17 @@ test-slurm: install-slurm
 	  { echo "test-slurm: no Slurm answers and $(SLURM_UP) could not start one" >&2; exit 1; }
 	$(BIN)/python -m pytest -q -rs -m slurm
 
-# the experiment, then its HTML report (the report step runs no job); a run killed in any way
-# resumes with `make run` again (the workflow removes a dead run's lock: fedlib/runlock.py;
-# profiles/default reruns the jobs it cut off)
+# the experiment, then its HTML report (the report step runs no job); a run stopped with Ctrl-C
+# resumes with `make run` again (profiles/default reruns the jobs it cut off). One killed with
+# kill -9 or a power loss leaves Snakemake's lock behind: `make unlock run`. The workflow never
+# removes a lock itself: only you know that no run is alive in this folder, on any host.
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
 	$(BIN)/snakemake --cores $(CORES) --report reports/report.html
+
+# Snakemake's own --unlock: run it only when no Snakemake is running in this folder
+unlock: $(STAMP)
+	$(BIN)/snakemake --unlock
 
 # the workflow's formatting (snakefmt, as the snakemake-workflows catalog), then the test suite
 # (everything but the Slurm test: what CI runs)

@@ -1,15 +1,12 @@
 # fedlib: federated pruning of LLMs (FedPrLLM). Stages live in workflow/rules/*.smk;
-# the logic lives in the fedlib library, which every rule calls through the `fedlib` CLI.
+# the logic lives in the fedlib library, which every rule calls through the `fedlib` CLI (FEDLIB).
+# Another workflow can use this one as a module (`module fedlib: snakefile: ...`): nothing
+# here changes the importer's shell, environment or locks.
 
-import os
 import shlex
 import sys
 
-from snakemake.logging import logger
 from snakemake.utils import min_version
-from snakemake_interface_executor_plugins.settings import DeploymentMethod, ExecMode
-
-from fedlib.runlock import claim_workdir
 
 # written and tested with Snakemake 9 (pyproject.toml pins the version `make install` installs)
 min_version("9.0")
@@ -21,22 +18,22 @@ configfile: "config.yaml"
 report: "workflow/report/workflow.rst"
 
 
+# this workflow's folder, also where another workflow imports it as a module
+CHECKOUT = str(workflow.current_basedir)
+
+
 include: "workflow/rules/common.smk"
 
 
-# A run killed with kill -9 left Snakemake's lock: removed when no other Snakemake of this
-# workflow is alive here (fedlib.runlock); jobs on cluster nodes (not the main process) skip it.
-if workflow.exec_mode == ExecMode.DEFAULT and claim_workdir():
-    logger.info("Removed the lock of an earlier run that is no longer running (.snakemake/locks).")
-
-# Jobs run this checkout's fedlib (`python -m fedlib`, PYTHONPATH) with the `python` of their
-# environment: a conda environment of envs/fedlib.yaml, or else the interpreter that runs
-# Snakemake (the .venv of `make install`, whether or not it is activated).
-# (braces doubled twice: once for these f-strings, once for Snakemake's own formatting)
-_JOB_ENV = f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; "
-if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
-    _JOB_ENV += f"export PATH={shlex.quote(os.path.dirname(sys.executable))}:$PATH; "
-shell.prefix(_JOB_ENV)
+# Jobs run this checkout's fedlib (its folder first on PYTHONPATH, set in each job's own shell)
+# with the `python` of their environment: a conda environment of envs/fedlib.yaml, or else the
+# interpreter that runs Snakemake (the .venv of `make install`, whether or not it is activated).
+# The rules write it into their commands when they are read (f-strings: Snakemake formats a
+# module's commands without the module's variables), so its braces are doubled for Snakemake.
+_PYTHON = (
+    "python" if "conda" in map(str, workflow.deployment_settings.deployment_method) else shlex.quote(sys.executable)
+)
+FEDLIB = f"PYTHONPATH={shlex.quote(CHECKOUT)}${{{{PYTHONPATH:+:$PYTHONPATH}}}} {_PYTHON} -m fedlib"
 
 
 include: "workflow/rules/model.smk"

@@ -97,7 +97,7 @@ def attack_file(attack: str, client: str, honest: Path, model: str, folder: Path
                             generator=torch.Generator().manual_seed(2000 + int(client)))
         save_tokens(tokens, ids, dataset="uniform random token ids", seed=2000 + int(client))
         seconds = fedlib("client-mask", "--model", model, "--calib", str(tokens), "--method", "wanda",
-                         "--sparsity", "0.5", "--group", "row", "--seed", "0", "--client-id", client,
+                         "--sparsity", "0.5", "--local-group", "row", "--seed", "0", "--client-id", client,
                          "--batch-size", "8", "--device", "auto", "--dtype", "float32", "--threads", "2",
                          "--out", str(out))
         print(f"  garbage client {client}: fedlib client-mask on random tokens, {seconds:.0f}s")
@@ -145,7 +145,7 @@ def main() -> None:
                 tag = f"{attack}-{n}-{server}"
                 out = work / f"{tag}.mask.safetensors"
                 robust = ["--robust", "mad"] if server == "robust" else []
-                agg_seconds = fedlib("aggregate", "--model", args.model, "--strategy", "fedprllm", "--group", "layer",
+                agg_seconds = fedlib("aggregate", "--model", args.model, "--strategy", "fedprllm", "--server-group", "layer",
                                      "--sparsity", "0.5", "--seed", "0", *robust, "--out", str(out), *map(str, files),
                                      env={"OMP_NUM_THREADS": "1"})
                 report = json.loads(out.with_name(out.name.removesuffix(".safetensors") + ".clients.json").read_text())

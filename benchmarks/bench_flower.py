@@ -49,7 +49,7 @@ def prepare(root: Path, n_clients: int, samples: int, seqlen: int) -> tuple[Path
         fedlib("materialize-model", "--model", "smollm2-135m", "--out", model)
     pool = root / "pool.safetensors"
     fedlib("calibration-pool", "--model", model, "--dataset", "c4", "--data-dir", DATA_DIR,
-           "--nsamples", n_clients * samples, "--seqlen", seqlen, "--seed", 0, "--docs", 0, 800, "--out", pool)
+           "--nsamples", n_clients * samples, "--seqlen", seqlen, "--seed", 0, "--c4-docs", 0, 800, "--out", pool)
     calib = []
     for c in range(n_clients):
         calib.append(root / f"client_{c}.safetensors")
@@ -74,12 +74,12 @@ def check_bytes(model: Path, out: Path, calib: Path, version: int, folder: Path)
     """The global file equals ``fedlib aggregate`` over the uploads, site 0's upload ``fedlib client-mask``."""
     uploads = sorted((out / "round-000").glob("site-*.mask.safetensors"))
     again = folder / f"aggregate-v{version}.safetensors"
-    fedlib("aggregate", "--model", model, "--group", "layer", "--out", again, *uploads)
+    fedlib("aggregate", "--model", model, "--server-group", "layer", "--out", again, *uploads)
     if again.read_bytes() != (out / "global.mask.safetensors").read_bytes():
         raise SystemExit(f"{out}: the global file differs from fedlib aggregate over its uploads")
     mine = folder / f"site-00-v{version}.mask.safetensors"
     fedlib("client-mask", "--model", model, "--calib", calib, "--client-id", "site-00", "--method", "wanda",
-           "--sparsity", 0.5, "--group", "row", "--format-version", version, "--threads", 1, "--out", mine)
+           "--sparsity", 0.5, "--local-group", "row", "--format-version", version, "--threads", 1, "--out", mine)
     if mine.read_bytes() != (out / "round-000" / "site-00.mask.safetensors").read_bytes():
         raise SystemExit(f"{out}: site-00's upload differs from fedlib client-mask on its data")
 

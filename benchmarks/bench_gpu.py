@@ -99,7 +99,7 @@ def run_with_samples(argv: list[str], label: str, device_index: int) -> tuple[di
 def client(folder: Path, calib: Path, out: Path, method: str, args, label: str, device: str, dtype: str,
            extra: list[str] = ()) -> dict:
     argv = FEDLIB + ["client-mask", "--model", str(folder), "--calib", str(calib), "--method", method,
-                     "--sparsity", "0.5", "--group", "row", "--device", device, "--dtype", dtype,
+                     "--sparsity", "0.5", "--local-group", "row", "--device", device, "--dtype", dtype,
                      "--batch-size", str(args.batch_size), "--threads", str(args.threads), "--client-id", label,
                      "--out", str(out), *extra]
     row, sampler, end = run_with_samples(argv, label, args.device_index)

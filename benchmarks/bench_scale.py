@@ -220,7 +220,7 @@ def run_measured(argv: list[str], label: str) -> dict:
 def run_client(model: Path, calib: Path, out: Path, client: int, dtype: str, threads: int) -> dict:
     row = run_measured(FEDLIB + [
         "client-mask", "--model", str(model), "--calib", str(calib), "--method", "wanda", "--sparsity", "0.5",
-        "--group", "row", "--device", "cpu", "--dtype", dtype, "--threads", str(threads),
+        "--local-group", "row", "--device", "cpu", "--dtype", dtype, "--threads", str(threads),
         "--client-id", f"client-{client}", "--out", str(out)], f"client {client}")
     found = re.search(r"\(([\d.]+)s per block", row["stdout"])
     row["seconds_per_block"] = float(found.group(1)) if found else None
@@ -232,7 +232,7 @@ def run_client(model: Path, calib: Path, out: Path, client: int, dtype: str, thr
 
 
 def run_aggregate(model: Path, masks: list[Path], out: Path) -> dict:
-    row = run_measured(FEDLIB + ["aggregate", "--model", str(model), "--group", "layer", "--sparsity", "0.5",
+    row = run_measured(FEDLIB + ["aggregate", "--model", str(model), "--server-group", "layer", "--sparsity", "0.5",
                                  "--out", str(out), *map(str, masks)], "aggregate")
     print(f"  aggregate of {len(masks)} clients: {row['seconds']:.1f}s, peak RSS {row['peak_rss_mib']:.0f} MiB, "
           f"load {row['load_1min']}")

@@ -38,7 +38,7 @@ def make_clients(model, folder: Path, n: int) -> list[Path]:
 
 def aggregate(paths: list[Path], out: Path) -> tuple[float, float]:
     """(seconds, peak RSS in MiB) of one `fedlib aggregate` process (its own, not this one's)."""
-    run = measured_run([sys.executable, "-m", "fedlib.cli", "aggregate", "--model", MODEL, "--group", "layer",
+    run = measured_run([sys.executable, "-m", "fedlib.cli", "aggregate", "--model", MODEL, "--server-group", "layer",
                         "--out", str(out), *map(str, paths)], stdout=subprocess.DEVNULL)
     if run.returncode != 0:
         raise RuntimeError(f"fedlib aggregate failed ({run.returncode})")

@@ -1,14 +1,134 @@
 """Argument helpers that the verbs of ``fedlib`` (:mod:`fedlib.cli`), ``fedlib privacy``
-(:mod:`fedlib.privacy_cli`) and ``fedlib zeroshot`` (:mod:`fedlib.evaluate.zeroshot_cli`) share.
+(:mod:`fedlib.privacy_cli`) and ``fedlib zeroshot`` (:mod:`fedlib.evaluate.zeroshot_cli`) share:
+the command line's vocabulary (one spelling per concept, the old ones kept for a release).
 
 A leaf of the command line: the sub-CLIs import these from here, not from :mod:`fedlib.cli`
 (which imports them to build its parser). Building a parser imports nothing heavy: torch and
-the DP mechanism are imported when a verb runs.
+the DP mechanism are imported when a verb runs (tests/test_cli.py checks).
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
+import sys
 from pathlib import Path
+
+from fedlib.protocol import GROUPS, METHODS
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, where it has one; old spellings are not shown."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.option_strings and "%(default)" not in text
+                and not any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS))):
+            text += " (default: %(default)s)"
+        return text
+
+    def _format_action_invocation(self, action):
+        old = getattr(action, "old_names", ())
+        if old:
+            action = copy.copy(action)
+            action.option_strings = [name for name in action.option_strings if name not in old]
+        return super()._format_action_invocation(action)
+
+
+def verb_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """What every verb's parser has (a subcommand's too, e.g. ``fedlib privacy entropy``): its
+    defaults in its help, and ``--debug`` (also accepted before the verb)."""
+    p.formatter_class = HelpFormatter
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="on an error, the traceback instead of one line")
+    return p
+
+
+def deprecation(old: str, new: str) -> None:
+    """The line an old spelling prints (on stderr: stdout may be a result)."""
+    print(f"fedlib: warning: {old} is deprecated and goes in the next release; use {new}", file=sys.stderr)
+
+
+_RENAMED: dict[type, type] = {}
+
+
+def _renamed(cls: type) -> type:
+    """``cls`` (an argparse action) that prints a deprecation line when called by an old name."""
+    if cls not in _RENAMED:
+        def __call__(self, parser, namespace, values, option_string=None):
+            if option_string in self.old_names:
+                deprecation(option_string, self.option_strings[0])
+            cls.__call__(self, parser, namespace, values, option_string)
+
+        _RENAMED[cls] = type(f"Renamed{cls.__name__}", (cls,), {"__call__": __call__})
+    return _RENAMED[cls]
+
+
+def renamed(parser, flag: str, *old: str, **kwargs) -> argparse.Action:
+    """``parser.add_argument(flag, **kwargs)`` that also accepts each of ``old`` for one more
+    release (not shown in help; a deprecation line when used)."""
+    action = parser.add_argument(flag, *old, **kwargs)
+    if old:
+        action.old_names = frozenset(old)
+        action.__class__ = _renamed(type(action))
+    return action
+
+
+def old_values(renamed: dict[str, str], parse=str):
+    """An argument type that reads each old value of ``renamed`` as its new one (with a
+    deprecation line), then parses it with ``parse``."""
+
+    def read(value: str):
+        if value in renamed:
+            deprecation(repr(value), repr(renamed[value]))
+            value = renamed[value]
+        return parse(value)
+
+    read.__name__ = getattr(parse, "__name__", "value")  # what argparse's "invalid ... value" names
+    return read
+
+
+def comparison_group(value: str) -> str:
+    """A comparison group: layer, row, column or N:M (``2of4`` as the workflow's paths write it)."""
+    group = value.replace("of", ":")
+    n, sep, m = group.partition(":")
+    if group in GROUPS or (sep and n.isdigit() and m.isdigit() and 0 < int(n) < int(m)):
+        return group
+    raise argparse.ArgumentTypeError(f"expected one of {', '.join(GROUPS)} or N:M such as 2:4, got {value!r}")
+
+
+def input_file(value: str) -> str:
+    """A file the verb reads: checked while the arguments are, before any model loads."""
+    if not Path(value).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {value}")
+    return value
+
+
+def add_group_argument(parser, role: str, default: str, *old: str) -> argparse.Action:
+    """``--local-group`` (what a client compares weights within) or ``--server-group`` (what
+    the server's aggregation does: FedPrLLM's comparison group, FedSpaLLM's expansion group)."""
+    helps = {"local": "the clients' comparison group: layer, row, column or N:M",
+             "server": "the server's group: FedPrLLM's comparison group (layer, row, column or N:M), "
+                       "FedSpaLLM's mask expansion group"}
+    return renamed(parser, f"--{role}-group", *old, type=comparison_group, default=default, metavar="GROUP",
+                   help=helps[role])
+
+
+def add_method_argument(parser, default: str) -> argparse.Action:
+    return parser.add_argument("--method", default=default, choices=METHODS, help="the clients' pruning method")
+
+
+def add_c4_docs_argument(parser, help_text: str) -> argparse.Action:
+    return renamed(parser, "--c4-docs", "--docs", type=int, nargs=2, metavar=("START", "STOP"), help=help_text)
+
+
+def add_previous_global_argument(parser, help_text: str, *old: str) -> argparse.Action:
+    """The server's global file of the earlier rounds, one name wherever a verb reads it."""
+    return renamed(parser, "--previous-global", *old, type=input_file, metavar="FILE", help=help_text)
+
+
+def add_threads_argument(parser) -> argparse.Action:
+    return parser.add_argument("--threads", type=int, default=0, help="torch's CPU threads (0: torch's default)")
 
 
 def parse_data_dir(value: str | None) -> Path | None:
@@ -26,8 +146,7 @@ def set_threads(args) -> None:
 
 def add_placement_arguments(p) -> None:
     """``--device`` / ``--dtype`` of every verb that runs a model."""
-    p.add_argument("--device", default="auto",
-                   help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weights and activations; statistics that decide masks stay float32/float64")
 

@@ -3,7 +3,7 @@ Table 16 and App. D.3 (a round's wall-clock under network profiles, with straggl
 Table 15 (client / server time and peak memory from the rules' Snakemake ``benchmark:`` files).
 
 Transfer sizes are those of real files. One-shot: each client's mask file as it was sent.
-Iterative (the file protocol of ``fedlib client-mask --round L`` / ``fedlib aggregate --mode
+Iterative (the file protocol of ``fedlib client-mask --round L`` / ``fedlib aggregate --schedule
 iterative``): round L uploads a one-block client file and downloads the server's global file of
 blocks < L; these files are written here with fedlib's :class:`~fedlib.maskfile.MaskWriter` (the
 same header fields the CLI writes) from the real client and global masks, and measured, so the
@@ -101,7 +101,7 @@ def fedprllm_transfer(model: Path, clients: Sequence[Path], global_file: Path, w
                 path.unlink()
             down = 0
             if settled:
-                # what ``fedlib aggregate --mode iterative --round block-1`` wrote: blocks < block, with votes
+                # what ``fedlib aggregate --schedule iterative --round block-1`` wrote: blocks < block, with votes
                 path = tmp / f"global_round{block - 1}.mask.safetensors"
                 h = server.header
                 with MaskWriter(path, settled, fingerprint=fingerprint, role="global", client_id="server",

@@ -14,7 +14,7 @@ import hashlib
 import numpy as np
 import torch
 
-GROUPS = ("layer", "row", "column")
+from fedlib.protocol import GROUPS
 
 
 def seeded_generator(seed: int, *names: object) -> torch.Generator:

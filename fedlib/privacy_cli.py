@@ -7,14 +7,14 @@ The arguments import nothing heavy: the handlers import their stage
     fedlib privacy similarity   --model M --out X.json [--seeds 1 2 ...] CLIENT_MASKS...
     fedlib privacy sensitivity  --model M --calib D.safetensors --replacements R.safetensors... --out X.json
     fedlib privacy membership   --model M --population P.safetensors --targets T --blocks B --out X.json
-    fedlib privacy membership-shared --model M --population P.safetensors --samples N --shadows S --clients C --out X.json
+    fedlib privacy membership-shared --model M --population P.safetensors --samples N --shadows S --n-clients C --out X.json
     fedlib privacy secagg       --model M --population P.safetensors --cohorts 1 2 4 8 16 --out X.json
     fedlib privacy attribute    --model M --population P.safetensors (--term WORD | --domain-pool D.safetensors) --out X.json
     fedlib privacy inversion    --model M --texts T16.safetensors ... --out X.json
     fedlib privacy inversion-client --model M --mask CLIENT.mask.safetensors --shard S.safetensors --prior NAME=P.safetensors ... --out X.json
-    fedlib privacy rr-aggregate --model M --epsilon E --group layer --out G.mask.safetensors --record X.json MASKS...
-    fedlib privacy dp-federation --model M --public P.safetensors --clients C0 C1 ... --releases JSON --noise-seed S --out-dir D --record X.json
-    fedlib privacy dp-headroom  --model M --public P --clients C0 C1 ... --windows W --variants JSON --out X.json
+    fedlib privacy rr-aggregate --model M --epsilon E --server-group layer --out G.mask.safetensors --record X.json MASKS...
+    fedlib privacy dp-federation --model M --public P.safetensors --calib C0 C1 ... --releases JSON --noise-seed S --out-dir D --record X.json
+    fedlib privacy dp-headroom  --model M --public P --calib C0 C1 ... --windows W --variants JSON --out X.json
     fedlib privacy headroom-report --headroom X.json --public-eval E --central-eval E --out R.md
     fedlib privacy report       --spec JSON
     fedlib privacy scale-report --spec JSON
@@ -33,7 +33,19 @@ import json
 import math
 from pathlib import Path
 
-from fedlib.cli_args import add_dp_arguments, add_placement_arguments, dp_target_from_args, parse_data_dir, set_threads
+from fedlib.cli_args import (
+    add_c4_docs_argument,
+    add_dp_arguments,
+    add_group_argument,
+    add_method_argument,
+    add_placement_arguments,
+    add_threads_argument,
+    dp_target_from_args,
+    parse_data_dir,
+    renamed,
+    set_threads,
+    verb_parser,
+)
 from fedlib.privacy_analyses import ANALYSES, BY_NAME
 
 HELP = "privacy audit of shared masks: entropy, similarity, sensitivity, membership, inversion, defence"
@@ -85,23 +97,37 @@ def _method_options(value: str) -> dict:
 
 def _shadow_game_args(p, data_set: str) -> None:
     """The membership game's sizes (membership, secagg)."""
-    p.add_argument("--model", required=True)
+    _model_arg(p)
     _pruning_args(p, blocks=True)
     p.add_argument("--population", required=True, help="token file: targets are its first rows, the rest fill data sets")
-    p.add_argument("--targets", type=int, default=32)
+    p.add_argument("--targets", type=int, default=32, help="target samples of the game")
     p.add_argument("--samples", type=int, default=2, help=f"samples in {data_set}")
     p.add_argument("--pairs", type=int, default=4, help="shadow (in, out) pairs per target: half direction, half fit")
 
 
+def _model_arg(p) -> None:
+    p.add_argument("--model", required=True, help="the public base model (folder, embedded alias or hub id)")
+
+
+def _out_arg(p, what: str = "the JSON result to write") -> None:
+    p.add_argument("--out", required=True, help=what)
+
+
+def _game_args(p) -> None:
+    """What every inference game reports: TPR at these FPRs, intervals at this confidence."""
+    p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001], help="false positive rates of the TPRs")
+    p.add_argument("--confidence", type=float, default=0.95, help="the intervals' confidence")
+
+
 def _pruning_args(p, blocks: bool = False) -> None:
-    p.add_argument("--method", default="wanda")
+    add_method_argument(p, "wanda")
     p.add_argument("--method-options", type=_method_options, default=None,
                    help="JSON of the local method's options, as fedlib client-mask --method-options")
-    p.add_argument("--sparsity", type=float, default=0.5)
-    p.add_argument("--group", default="row", help="the clients' comparison group")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--sparsity", type=float, default=0.5, help="the fraction of each layer's weights pruned")
+    add_group_argument(p, "local", "row", "--group")
+    p.add_argument("--seed", type=int, default=0, help="the seed of the tie-breaks (and of the game's draws)")
+    p.add_argument("--batch-size", type=int, default=8, help="calibration samples per forward pass")
+    add_threads_argument(p)
     add_placement_arguments(p)
     if blocks:
         p.add_argument("--blocks", type=_blocks, default=None,
@@ -110,77 +136,75 @@ def _pruning_args(p, blocks: bool = False) -> None:
 
 def _dp_federation_args(p) -> None:
     """What a simulated DP federation reads (:func:`_dp_federation_inputs`)."""
-    p.add_argument("--model", required=True)
+    _model_arg(p)
     _pruning_args(p)
     p.add_argument("--public", required=True, help="token file of the public text")
-    p.add_argument("--clients", nargs="+", required=True, help="one token file per client")
+    renamed(p, "--calib", "--clients", nargs="+", required=True, help="one token file per client")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="analysis", required=True)
 
     p = sub.add_parser("entropy", help=BY_NAME["entropy"].summary)
-    p.add_argument("--model", required=True)
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--out", required=True)
+    _model_arg(p)
+    add_threads_argument(p)
+    _out_arg(p)
     p.add_argument("masks", nargs="+", help="client mask files (the first is 'the' client mask)")
 
     p = sub.add_parser("similarity", help=BY_NAME["similarity"].summary)
-    p.add_argument("--model", required=True)
+    _model_arg(p)
     _pruning_args(p)
     p.add_argument("--seeds", type=int, nargs="*", help="also compute masks from calibration draws with these seeds")
     p.add_argument("--seed-samples", type=int, default=32, help="samples per seeded draw")
-    p.add_argument("--seqlen", type=int, default=512)
-    p.add_argument("--dataset", default="c4", choices=["c4", "wikitext2", "ptb"])
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--docs", type=int, nargs=2, metavar=("START", "STOP"))
-    p.add_argument("--out", required=True)
+    p.add_argument("--seqlen", type=int, default=512, help="tokens per sample of the seeded draws")
+    p.add_argument("--dataset", default="c4", choices=["c4", "wikitext2", "ptb"], help="the seeded draws' data set")
+    p.add_argument("--data-dir", default=None, help="offline mirror folder; omit for the hub")
+    add_c4_docs_argument(p, "C4 documents the seeded draws come from (default: all)")
+    _out_arg(p)
     p.add_argument("masks", nargs="*", help="client mask files to compare pairwise")
 
     p = sub.add_parser("sensitivity", help=BY_NAME["sensitivity"].summary)
-    p.add_argument("--model", required=True)
+    _model_arg(p)
     _pruning_args(p, blocks=True)
     p.add_argument("--calib", required=True, help="token file of the data set D (e.g. a client's shard)")
     p.add_argument("--replacements", nargs="+", required=True, help="token files of samples not in D")
-    p.add_argument("--neighbours", type=int, default=2)
+    p.add_argument("--neighbours", type=int, default=2, help="neighbouring data sets (one sample replaced) per file")
     p.add_argument("--base-mask", help="the client's shared mask file for D (checked), instead of recomputing it")
-    p.add_argument("--out", required=True)
+    _out_arg(p)
 
     p = sub.add_parser("membership", help=BY_NAME["membership"].summary)
     _shadow_game_args(p, "the client's data set")
     p.add_argument("--epsilons", type=_epsilon, nargs="*", default=[],
                    help="also attack masks under randomized response with these per-bit ε")
     add_dp_arguments(p, noise_seed=False)  # every mask its own noise seed, drawn from --seed
-    p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001])
-    p.add_argument("--confidence", type=float, default=0.95)
-    p.add_argument("--out", required=True)
+    _game_args(p)
+    _out_arg(p)
 
     p = sub.add_parser("membership-shared", help="membership inference against the whole mask with shadow masks "
                        "shared by every target (fedlib.privacy.stages.membership_shared)")
-    p.add_argument("--model", required=True)
+    _model_arg(p)
     _pruning_args(p)
     p.add_argument("--population", required=True, help="token file: every row is a target of every mask")
     p.add_argument("--samples", type=int, required=True, help="rows in a client's data set")
     p.add_argument("--shadows", type=int, required=True,
                    help="the attacker's masks (a multiple of population rows / samples)")
-    p.add_argument("--clients", type=int, required=True, help="observed client masks, one designated target each")
-    p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001])
-    p.add_argument("--confidence", type=float, default=0.95)
-    p.add_argument("--out", required=True)
+    renamed(p, "--n-clients", "--clients", type=int, required=True,
+            help="observed client masks, one designated target each")
+    _game_args(p)
+    _out_arg(p)
 
     p = sub.add_parser("secagg", help=BY_NAME["secagg"].summary)
     _shadow_game_args(p, "each client's data set")
     p.add_argument("--cohorts", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="numbers of clients m summed")
     p.add_argument("--pool", type=int, default=32, help="other clients' masks in each pool (real / attacker's)")
     p.add_argument("--draws", type=int, default=2, help="sums per fitting shadow mask")
-    p.add_argument("--server-group", default="layer", help="FedPrLLM's comparison group for the global mask")
-    p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001])
-    p.add_argument("--confidence", type=float, default=0.95)
-    p.add_argument("--out", required=True)
+    add_group_argument(p, "server", "layer")
+    _game_args(p)
+    _out_arg(p)
 
     p = sub.add_parser("attribute", help="attribute inference: does the client hold a window of a domain, or one "
                        "containing a term? AUC, TPR@FPR, ε lower bound")
-    p.add_argument("--model", required=True)
+    _model_arg(p)
     _pruning_args(p, blocks=True)
     p.add_argument("--population", required=True, help="token file: the rows without the property (with --term: "
                                                        "split by the term)")
@@ -190,55 +214,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=int, default=16, help="client data sets with the property, and as many without")
     p.add_argument("--samples", type=int, default=2, help="samples in the client's data set")
     p.add_argument("--pairs", type=int, default=16, help="shadow pairs: half direction, half fit")
-    p.add_argument("--fprs", type=float, nargs="+", default=[0.01, 0.001])
-    p.add_argument("--confidence", type=float, default=0.95)
-    p.add_argument("--out", required=True)
+    _game_args(p)
+    _out_arg(p)
 
     p = sub.add_parser("inversion", help=BY_NAME["inversion"].summary)
-    p.add_argument("--model", required=True)
+    _model_arg(p)
     p.add_argument("--texts", nargs="+", required=True, help="token files; rows of T tokens are the private texts")
     p.add_argument("--per-length", type=int, default=1, help="texts per token file")
-    p.add_argument("--sparsity", type=float, default=0.5)
-    p.add_argument("--group", default="row")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--restarts", type=int, default=1)
+    p.add_argument("--sparsity", type=float, default=0.5, help="the fraction of each layer's weights pruned")
+    add_group_argument(p, "local", "row", "--group")
+    p.add_argument("--seed", type=int, default=0, help="the seed of the tie-breaks and the attack")
+    p.add_argument("--steps", type=int, default=300, help="gradient steps of the attack")
+    p.add_argument("--restarts", type=int, default=1, help="restarts of the attack per text")
     p.add_argument("--prior-tokens", nargs="*", help="public token files: unigram baseline (and prior)")
     p.add_argument("--use-prior", action="store_true", help="initialise the attack's logits at the unigram prior")
-    p.add_argument("--tiny-lengths", type=int, nargs="*", default=[1, 2, 3])
-    p.add_argument("--tiny-steps", type=int, default=200)
+    p.add_argument("--tiny-lengths", type=int, nargs="*", default=[1, 2, 3],
+                   help="text lengths also attacked by exhaustive search")
+    p.add_argument("--tiny-steps", type=int, default=200, help="gradient steps of the tiny lengths")
     p.add_argument("--time-limit", type=float, default=None, help="seconds per text for the gradient stage")
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--out", required=True)
+    add_threads_argument(p)
+    _out_arg(p)
 
     p = sub.add_parser("inversion-client", help="the server inverts a client's uploaded block-0 q/k/v masks to the "
                        "bag of all its calibration tokens")
-    p.add_argument("--model", required=True)
+    _model_arg(p)
     p.add_argument("--mask", required=True, help="the client's mask file as uploaded (fedlib client-mask)")
     p.add_argument("--shard", required=True, help="the client's calibration token file: only to score the attack")
     p.add_argument("--prior", nargs="+", required=True, type=_named_file, metavar="NAME=TOKENS",
                    help="public token files: one unigram-guess baseline each")
     p.add_argument("--init-prior", help="the prior (NAME) the attack starts from; default: the first")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=300, help="gradient steps of the attack")
     p.add_argument("--refine-moves", type=int, default=0, help="at most this many exact one-count moves")
     p.add_argument("--candidates", type=int, default=2048, help="tokens a move may add: the highest soft probability")
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--out", required=True)
+    add_threads_argument(p)
+    _out_arg(p)
 
     p = sub.add_parser("rr-aggregate",
                        help="defence: randomized response on client mask bits, FedPrLLM top-k on the noisy votes")
-    p.add_argument("--model", required=True)
+    _model_arg(p)
     p.add_argument("--epsilon", type=_epsilon, required=True, help="per-bit ε ('inf' = no noise)")
-    p.add_argument("--group", default="layer", help="server comparison group")
-    p.add_argument("--sparsity", type=float, default=0.5)
-    p.add_argument("--seed", type=int, default=0)
+    add_group_argument(p, "server", "layer", "--group")
+    p.add_argument("--sparsity", type=float, default=0.5, help="the global mask's sparsity")
+    p.add_argument("--seed", type=int, default=0, help="the noise's and the tie-breaks' seed")
     p.add_argument("--per-client", action="store_true",
                    help="flip every client's bits (slow) instead of sampling the noisy counts exactly")
     p.add_argument("--clean-global", help="the noise-free global mask file (fedlib aggregate) to compare with")
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--out", required=True, help="global mask file")
+    add_threads_argument(p)
+    _out_arg(p, "global mask file")
     p.add_argument("--record", required=True, help="JSON: flip rates, distance to the noise-free global mask")
-    p.add_argument("masks", nargs="+")
+    p.add_argument("masks", nargs="+", help="the clients' mask files")
 
     for verb, (writer, analyses) in REPORTS.items():
         p = sub.add_parser(verb, help="write the tables (Markdown + CSV + HTML) and plots of " + "; ".join(
@@ -266,7 +290,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", required=True, help="token file of the in-domain evaluation windows")
     p.add_argument("--variants", required=True, help='JSON list of {"estimator" (threshold, posterior or oracle), "epsilon", '
                                                      '"delta" (1e-5), "multipliers" ([1])}; the exact row is added')
-    p.add_argument("--noise-seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--noise-seeds", type=int, nargs="+", default=[0], help="the noise draws, one row each")
     p.add_argument("--clip", type=float, default=2.0, help="x the public samples' rms deviation (as the study's)")
     p.add_argument("--eval-dtype", default="bfloat16", help="dtype of the evaluation (the study's: bfloat16)")
     p.add_argument("--eval-threads", type=int, default=1,
@@ -278,7 +302,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--headroom", required=True, help="fedlib privacy dp-headroom's JSON")
     p.add_argument("--public-eval", required=True, help="fedlib evaluate's JSON of public-only on the same windows")
     p.add_argument("--central-eval", required=True, help="fedlib evaluate's JSON of Centralized on the same windows")
-    p.add_argument("--dataset", default="ptb")
+    p.add_argument("--dataset", default="ptb", help="the in-domain evaluation set, as the table names it")
     p.add_argument("--model-name", required=True, help="the model, as the provenance line names it")
     p.add_argument("--config", required=True, help="the config files, as the provenance line names them")
     p.add_argument("--out", required=True, help="writes OUT (markdown) and OUT with .csv")
@@ -286,6 +310,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("domain-report", help="the domain-shift study: private in-domain vs public text, DP rows, "
                        "paired intervals (fedlib.studies.domain)")
     p.add_argument("--spec", required=True, help="JSON: the study's files (fedlib.catalog.domain.DomainCatalog.spec)")
+    for analysis in sub.choices.values():
+        verb_parser(analysis)
 
 
 # --------------------------------------------------------------------------- handlers
@@ -323,7 +349,7 @@ def _open(args, pruned: bool = True, many_masks: bool = False):
     if not pruned:
         return open_model(args.model, CPU.dtype), None
     placement = Placement.resolve(args.device, args.dtype)
-    pruning = Pruning(args.method, args.sparsity, args.group, args.seed, args.method_options, args.batch_size,
+    pruning = Pruning(args.method, args.sparsity, args.local_group, args.seed, args.method_options, args.batch_size,
                       placement)
     return open_model(args.model, placement.dtype), pruning
 
@@ -345,7 +371,7 @@ def _cmd_similarity(args) -> None:
         from fedlib.models import load_tokenizer
 
         tokenizer = load_tokenizer(args.model)
-        docs = tuple(args.docs) if args.docs else None
+        docs = tuple(args.c4_docs) if args.c4_docs else None
         windows = [calibration_windows(tokenizer, args.dataset, parse_data_dir(args.data_dir), args.seed_samples,
                                        args.seqlen, s, docs)
                    for s in args.seeds]
@@ -381,7 +407,7 @@ def _base_masks(model, args, ids) -> dict:
     mf = MaskFile(Path(args.base_mask), handle.fingerprint(), handle.layers(),
                   reference=MagnitudeReference.of_model(handle))
     h = mf.header
-    wanted = {"method": args.method, "group": args.group, "sparsity": args.sparsity, "seed": args.seed,
+    wanted = {"method": args.method, "group": args.local_group, "sparsity": args.sparsity, "seed": args.seed,
               "n_samples": int(ids.shape[0]), "method_options": args.method_options or {}}
     # fedlib client-mask records the method options as JSON; a file without the field used none
     found = {"method": h.method, "group": h.group, "sparsity": h.sparsity, "seed": h.seed, "n_samples": h.n_samples,
@@ -414,7 +440,7 @@ def _dp_federation_inputs(args):
         raise ValueError(f"DP masks are plain Wanda's, not {args.method!r} with options {args.method_options}")
     model, pruning = _open(args)
     public, _ = load_tokens(Path(args.public))
-    return model, pruning, public, [load_tokens(Path(p))[0] for p in args.clients]
+    return model, pruning, public, [load_tokens(Path(p))[0] for p in args.calib]
 
 
 def _cmd_dp_federation(args) -> None:
@@ -460,7 +486,7 @@ def _cmd_membership_shared(args) -> None:
 
     model, pruning = _open(args, many_masks=True)
     pop, _ = load_tokens(Path(args.population))
-    result = membership_shared_audit(model, pop, args.samples, args.shadows, args.clients, pruning, args.fprs,
+    result = membership_shared_audit(model, pop, args.samples, args.shadows, args.n_clients, pruning, args.fprs,
                                      args.confidence)
     result["population_file"] = str(args.population)
     _write_json(args.out, result)
@@ -503,7 +529,7 @@ def _cmd_secagg(args) -> None:
     from fedlib.privacy.stages.secagg import secagg_membership_audit
 
     if args.blocks is None:
-        raise SystemExit("fedlib privacy secagg: --blocks must be a number (sums of whole-model masks of every "
+        raise ValueError("--blocks must be a number (sums of whole-model masks of every "
                          "pool client do not fit the audit's memory plan)")
     model, pruning = _open(args)
     pop, _ = load_tokens(Path(args.population))
@@ -526,7 +552,7 @@ def _cmd_inversion(args) -> None:
         texts[int(ids.shape[1])] = ids[: args.per_length]
     vocab = model.model.get_input_embeddings().weight.shape[0]
     prior = unigram_distribution(args.prior_tokens, vocab) if args.prior_tokens else None
-    result = inversion_audit(model, tokenizer, texts, args.sparsity, args.group, args.seed, args.steps,
+    result = inversion_audit(model, tokenizer, texts, args.sparsity, args.local_group, args.seed, args.steps,
                              args.restarts, prior, args.use_prior, args.tiny_lengths, args.tiny_steps,
                              args.time_limit)
     result["prior_tokens"] = [str(p) for p in args.prior_tokens or []]
@@ -559,7 +585,7 @@ def _cmd_rr_aggregate(args) -> None:
     from fedlib.privacy.stages.defence import rr_aggregate
 
     model, _ = _open(args, pruned=False)
-    record = rr_aggregate(model, [Path(p) for p in args.masks], args.epsilon, args.group.replace("of", ":"),
+    record = rr_aggregate(model, [Path(p) for p in args.masks], args.epsilon, args.server_group,
                           args.sparsity, args.seed, Path(args.out), args.per_client,
                           Path(args.clean_global) if args.clean_global else None)
     _write_json(args.record, record)

@@ -18,3 +18,19 @@ ROUNDINGS = ("ceil", "floor")
 #: the robust server's screening rules (:data:`fedlib.server.robust.RULES`), a global file's
 #: ``x_robust`` (``<rule>:k=<k>``)
 ROBUST_RULES = ("mad",)
+
+#: the clients' pruning methods (:data:`fedlib.methods.METHODS`), a client file's ``method``
+METHODS = ("magnitude", "wanda", "sparsegpt", "sparsegpt_update", "owl", "besa")
+
+#: the methods that read no calibration data (``needs_calibration`` False)
+CALIBRATION_FREE = ("magnitude",)
+
+#: the comparison groups (:data:`fedlib.groups.GROUPS`); N:M (e.g. ``2:4``) besides
+GROUPS = ("layer", "row", "column")
+
+#: FedPrLLM's schedules as the command line and the server say them
+#: (:data:`fedlib.server.fedprllm.SCHEDULES` maps them to the file's ``method``)
+FEDPRLLM_SCHEDULES = ("one-shot", "iterative")
+
+#: FedSpaLLM's layer samplers (:data:`fedlib.server.fedspallm.SAMPLERS`)
+SAMPLERS = ("cyclic", "independent")

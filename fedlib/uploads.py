@@ -48,7 +48,7 @@ def write_client_mask(
         if not layers:
             raise ValueError(f"--round {round_index}: the model has blocks 0..{handle.n_blocks - 1}")
     elif global_masks or scale:
-        raise ValueError("--global-masks and --scale belong to a round of iterative FedPrLLM (give --round)")
+        raise ValueError("--previous-global and --scale belong to a round of iterative FedPrLLM (give --round)")
     method = pruning.method  # the registered name the file records (DP computes with its own class)
     extra = {"method_options": json.dumps(pruning.options), "dtype": dtype}
     mechanism = None  # a DP client's (fedlib.privacy.dp.DPTarget or fedlib.privacy.dp_public.PublicDP)
@@ -96,7 +96,7 @@ def _iterative_round_masks(handle, ids, round_index, pruning, global_masks, scal
     masks, factors = {}, {}
     if settled:
         if not global_masks:
-            raise ValueError(f"--round {round_index}: give --global-masks, the server's file of rounds "
+            raise ValueError(f"--round {round_index}: give --previous-global, the server's file of rounds "
                              f"0..{round_index - 1}")
         current = MaskFile(Path(global_masks), handle.fingerprint(), settled, whole_model=False)
         if current.header.role != "global":
@@ -109,7 +109,7 @@ def _iterative_round_masks(handle, ids, round_index, pruning, global_masks, scal
                                                 current.header.n_clients)
                        for info in settled}
     elif global_masks:
-        raise ValueError("--round 0 starts from the dense model: no --global-masks")
+        raise ValueError("--round 0 starts from the dense model: no --previous-global")
     return iterative_client(handle, ids, round_index, pruning, global_masks=masks, factors=factors)
 
 

@@ -117,13 +117,13 @@ def test_variant_files_and_cli_arguments():
 
 def test_method_options_reach_the_method_they_name():
     catalog = Catalog(tiny_config())
-    assert catalog.mask_args("owl-0.7-2of4") == "--method owl --sparsity 0.7 --group 2:4"
+    assert catalog.mask_args("owl-0.7-2of4") == "--method owl --sparsity 0.7 --local-group 2:4"
     config = tiny_config()
     config["pruning"] = {**config["pruning"], "method_options": {"owl": {"lam": 0.08, "note": "it's"}}}
     catalog = Catalog(config)
-    assert catalog.mask_args("owl-0.7-row", "--local-group") == (
+    assert catalog.mask_args("owl-0.7-row") == (
         "--method owl --sparsity 0.7 --local-group row --method-options '{\"lam\": 0.08, \"note\": \"it'\\''s\"}'")
-    assert catalog.mask_args("wanda-0.5-row") == "--method wanda --sparsity 0.5 --group row"
+    assert catalog.mask_args("wanda-0.5-row") == "--method wanda --sparsity 0.5 --local-group row"
 
 
 def test_table1_rows():
@@ -259,7 +259,7 @@ def test_privacy_specs():
                                   "full": {"defence": {"epsilons": [0.5, 8], "datasets": ["wikitext2", "c4"]}}})
     privacy = PrivacyCatalog(Catalog(config))
     base = f"{R}/privacy/c4-4x32/iid-2/wanda-0.5-row"
-    assert privacy.pruning_args() == "--method wanda --sparsity 0.5 --group row --seed 0"
+    assert privacy.pruning_args() == "--method wanda --sparsity 0.5 --local-group row --seed 0"
     assert privacy.population("run") == f"{R}/pools/c4-16x8.safetensors"
     assert privacy.membership_samples("run") == 2  # 4 samples over 2 clients
     assert privacy.membership_epsilons("run") == [0.5, 2.0] and privacy.membership_epsilons("full") == [0.5, 2.0, 8.0]
@@ -312,4 +312,4 @@ def test_cohort_args_are_the_clients_pruning():
     """The server is told the clients' method, group and sparsity: the same values mask_args gives them."""
     catalog = Catalog(tiny_config())
     assert catalog.cohort_args("wanda-0.5-2of4") == "--client-method wanda --client-group 2:4 --client-sparsity 0.5"
-    assert catalog.mask_args("wanda-0.5-2of4") == "--method wanda --sparsity 0.5 --group 2:4"
+    assert catalog.mask_args("wanda-0.5-2of4") == "--method wanda --sparsity 0.5 --local-group 2:4"

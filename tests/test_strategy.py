@@ -154,20 +154,26 @@ def _tokens(path):
 
 
 def test_aggregate_refuses_options_of_another_strategy(tiny_model_dir, tmp_path, capsys):
-    code = main(["aggregate", "--model", str(tiny_model_dir), "--rounds", "2", "--out", str(tmp_path / "g"), "x"])
+    upload = tmp_path / "x"
+    upload.write_bytes(b"")  # never opened: the options are refused first
+    code = main(["aggregate", "--model", str(tiny_model_dir), "--rounds", "2", "--out", str(tmp_path / "g"), str(upload)])
     assert code == 2 and "--rounds is not an option of the fedprllm strategy" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:
-        main(["aggregate", "--model", str(tiny_model_dir), "--strategy", "fedavg", "--out", str(tmp_path / "g"), "x"])
+        main(["aggregate", "--model", str(tiny_model_dir), "--strategy", "fedavg", "--out", str(tmp_path / "g"), str(upload)])
     assert exited.value.code == 2 and "invalid choice: 'fedavg' (choose from 'fedprllm', 'fedspallm')" in capsys.readouterr().err
 
 
-def test_a_registered_strategy_is_offered_with_its_options(monkeypatch):
-    """A new strategy is its class and one line in fedlib.server.STRATEGIES: --strategy offers
-    it, with the options its class declares (and no other strategy takes them)."""
+def test_a_registered_strategy_is_offered_with_its_options(monkeypatch, tmp_path):
+    """A new strategy is its class, one line in fedlib.server.STRATEGIES and its options in
+    fedlib.strategy_options.STRATEGY_OPTIONS: --strategy offers it, with the options its class declares
+    (and no other strategy takes them)."""
     from dataclasses import dataclass
 
     from fedlib.cli import build_parser, strategy_from_args
+    from fedlib.strategy_options import STRATEGY_OPTIONS
     from fedlib.server.strategy import Option, Strategy
+
+    monkeypatch.setitem(STRATEGY_OPTIONS, "quantile", (Option("quantile", "the vote quantile", type=float),))
 
     @dataclass
     class Quantile(Strategy):
@@ -176,10 +182,12 @@ def test_a_registered_strategy_is_offered_with_its_options(monkeypatch):
         seed: int = 0
         quantile: float = 0.5
         name = "quantile"
-        options = (Option("quantile", "the vote quantile", type=float),)
+        options = STRATEGY_OPTIONS["quantile"]
 
     monkeypatch.setitem(STRATEGIES, "quantile", Quantile)
-    common = ["aggregate", "--model", "m", "--out", "g", "--quantile", "0.7", "x"]
+    upload = tmp_path / "x"
+    upload.write_bytes(b"")  # an upload is a file: checked while the arguments are read
+    common = ["aggregate", "--model", "m", "--out", "g", "--quantile", "0.7", str(upload)]
     strategy = strategy_from_args(build_parser().parse_args([*common, "--strategy", "quantile", "--group", "row"]))
     assert strategy == Quantile(group="row", quantile=0.7)
     with pytest.raises(ValueError, match="--quantile is not an option of the fedprllm strategy"):
@@ -247,7 +255,7 @@ def test_iterative_rounds_refuse_the_wrong_files(tmp_path, capsys):
     server = ["aggregate", "--model", str(model_dir), "--mode", "iterative"]
     # round 1 without the global file of round 0, or with a client's file in its place
     assert main([*client, "--round", "1", "--out", str(tmp_path / "r1.safetensors")]) == 2
-    assert "give --global-masks" in capsys.readouterr().err
+    assert "give --previous-global" in capsys.readouterr().err
     assert main([*client, "--round", "1", "--global-masks", str(tmp_path / "r0.safetensors"),
                  "--out", str(tmp_path / "r1.safetensors")]) == 2
     assert "field 'role': expected 'global'" in capsys.readouterr().err

@@ -205,7 +205,7 @@ def test_named_study_targets_plan(tmp_path):
     out = snakemake(tmp_path, *targets, "--configfile", str(tmp_path / "config.yaml"), "-n", "-p")
     jobs = planned_jobs(out)
     # table1_seeds' second draw: its own pool, sampled and split with seed 5 (tie-breaks keep the config's seed 0)
-    assert re.search(r"--seed 5 --docs 0 50 --out results/pools/c4-3x32-seed5\.safetensors", out)
+    assert re.search(r"--seed 5 --c4-docs 0 50 --out results/pools/c4-3x32-seed5\.safetensors", out)
     assert re.search(r"--pool results/pools/c4-3x32-seed5\.safetensors .*--seed 5 ", out)
     assert re.search(r"--calib results/shards/c4-3x32-seed5/iid-3/client_0\.safetensors .*--seed 0 ", out)
     assert jobs["iterative"] == 4 and jobs["fedspallm"] == 1 and jobs["random_mask"] == 1
@@ -232,6 +232,55 @@ def test_workflow_passes_snakemake_lint(tmp_path):
     copy_test_dir(tmp_path)
     out = snakemake(tmp_path, "--configfile", "config.yaml", "--lint")
     assert "Lints for" not in out, out
+
+
+MODULE_SNAKEFILE = """
+configfile: "config.yaml"
+
+
+module fedlib:
+    snakefile:
+        "{snakefile}"
+    config:
+        config
+
+
+use rule * from fedlib as fedlib_*
+
+
+rule outer:
+    output:
+        "outer.txt",
+    shell:
+        "echo PYTHONPATH=${{{{PYTHONPATH-}}}} > {{output}}"
+"""
+
+
+def test_the_workflow_is_usable_as_a_module(tmp_path):
+    """Another workflow imports this one (`module` + `use rule *`): the dry run plans rule all's
+    jobs, a real target runs the same command as in the workflow itself, and the importer's own
+    rules see no environment of ours (no PYTHONPATH leaks through a shell prefix)."""
+    outer, alone = tmp_path / "outer", tmp_path / "alone"
+    copy_test_dir(outer)
+    copy_test_dir(alone)
+    (outer / "Snakefile").write_text(MODULE_SNAKEFILE.format(snakefile=REPO / "Snakefile"))
+    env = {k: v for k, v in without_venv_path().items() if k != "PYTHONPATH"}
+
+    def outer_snakemake(*args):
+        proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args], capture_output=True,
+                              text=True, env=env, cwd=outer)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        return proc.stdout + proc.stderr
+
+    jobs = planned_jobs(outer_snakemake("-n", "fedlib_all"))
+    assert jobs["fedlib_client_mask"] == 3 and jobs["fedlib_table1"] == 1 and jobs["fedlib_all"] == 1
+    pool = "results/pools/c4-3x32.safetensors"
+    command = re.compile(r"^.* -m fedlib calibration-pool .*$", re.M)
+    printed = command.search(outer_snakemake("-n", "-p", pool))[0]
+    assert printed == command.search(snakemake(alone, pool, "--configfile", "config.yaml", "-n", "-p"))[0]
+    outer_snakemake(pool, "outer.txt")
+    assert tuple(load_tokens(outer / pool)[0].shape) == (3, 32)
+    assert (outer / "outer.txt").read_text() == "PYTHONPATH=\n"
 
 
 def test_fedspallm_samples_per_client_sets_the_pool(tmp_path):

@@ -91,11 +91,11 @@ class DomainCatalog:
         if role == "public_membership":
             m = d["membership"]
             return (f"--dataset {d['public']} --nsamples {d['public_samples']} --seqlen {m['seqlen']} --seed {seed} "
-                    f"--docs {d['public_docs'][0]} {d['public_docs'][1]}")
+                    f"--c4-docs {d['public_docs'][0]} {d['public_docs'][1]}")
         dataset = {"private": d["private"], "control": "c4", "public": d["public"]}[role]
         n = d["public_samples"] if role == "public" else d["clients"] * d["samples"]
         docs = {"control": d["control_docs"], "public": d["public_docs"]}.get(role)
-        docs_arg = f" --docs {docs[0]} {docs[1]}" if docs and dataset == "c4" else ""
+        docs_arg = f" --c4-docs {docs[0]} {docs[1]}" if docs and dataset == "c4" else ""
         return f"--dataset {dataset} --nsamples {n} --seqlen {self.seqlen} --seed {seed}{docs_arg}"
 
     def shard(self, kind: str, seed, client: int) -> str:

@@ -85,7 +85,7 @@ class PrivacyCatalog:
         ``seed`` (default: the config's) is the tie-break seed, and a membership game's."""
         p = self._prune
         seed = self.catalog.config["seed"] if seed is None else int(seed)
-        args = f"--method {p.method} --sparsity {p.sparsity} --group {self.group} --seed {seed}"
+        args = f"--method {p.method} --sparsity {p.sparsity} --local-group {self.group} --seed {seed}"
         options = self.catalog.method_options_arg(p.method)
         return f"{args} {options}" if options else args
 

@@ -132,10 +132,10 @@ class Catalog:
         text = json.dumps(options, sort_keys=True)
         return "--method-options '" + text.replace("'", "'\\''") + "'"
 
-    def mask_args(self, prune: str, group_flag: str = "--group") -> str:
+    def mask_args(self, prune: str) -> str:
         """CLI arguments of a client's pruning, from the prune component."""
         p = Prune.parse(prune)
-        args = f"--method {p.method} --sparsity {p.sparsity} {group_flag} {group_arg(p.group)}"
+        args = f"--method {p.method} --sparsity {p.sparsity} --local-group {group_arg(p.group)}"
         options = self.method_options_arg(p.method)
         return f"{args} {options}" if options else args
 
@@ -197,7 +197,7 @@ class Catalog:
         """`fedlib fedspallm` arguments of a setting: sparsity, expansion group, rounds, and the
         layer sampling resources and method options when configured."""
         p = Prune.parse(prune)
-        args = [f"--sparsity {p.sparsity} --group {group_arg(p.group)} --rounds {self.fedspallm.get('rounds', 1)}",
+        args = [f"--sparsity {p.sparsity} --server-group {group_arg(p.group)} --rounds {self.fedspallm.get('rounds', 1)}",
                 self.fedspallm_resources_arg(split), self.method_options_arg(p.method)]
         return " ".join(a for a in args if a)
 

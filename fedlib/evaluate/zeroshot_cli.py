@@ -19,7 +19,7 @@ import math
 import time
 from pathlib import Path
 
-from fedlib.cli_args import add_placement_arguments, parse_data_dir, set_threads
+from fedlib.cli_args import add_placement_arguments, add_threads_argument, input_file, parse_data_dir, set_threads
 
 HELP = "zero-shot accuracy (lm-eval) of the base model, optionally with a mask or weight file applied"
 
@@ -36,24 +36,24 @@ def _limit(value: str) -> int | None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from fedlib.evaluate.zeroshot import ZEROSHOT_TASKS
 
-    p.add_argument("--model", required=True)
-    p.add_argument("--mask", help="a client or global mask file to apply")
+    p.add_argument("--model", required=True, help="the public base model (folder, embedded alias or hub id)")
+    p.add_argument("--mask", type=input_file, help="a client or global mask file to apply")
     p.add_argument("--scale", action="store_true", help="scale survivors by (m - votes)/m (global masks)")
-    p.add_argument("--weights", help="a FedSpaLLM weight file (global or a client's) to load instead of a mask")
+    p.add_argument("--weights", type=input_file, help="a FedSpaLLM weight file (global or a client's) to load instead of a mask")
     p.add_argument("--tasks", nargs="+", default=list(ZEROSHOT_TASKS), choices=list(ZEROSHOT_TASKS),
                    metavar="TASK", help=f"zero-shot tasks, in table order (default: all of {', '.join(ZEROSHOT_TASKS)})")
     p.add_argument("--data-dir", default=None,
                    help="offline mirror holding zeroshot/<task>.jsonl; 'hub' or omitted = lm-eval's stock tasks")
     p.add_argument("--limit", type=_limit, default=None,
                    help="score the first N documents of each task; 'none' (default) = the full split")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8, help="documents per forward pass")
+    add_threads_argument(p)
     add_placement_arguments(p)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--label", default="model")
+    p.add_argument("--seed", type=int, default=0, help="lm-eval's seed")
+    p.add_argument("--label", default="model", help="the variant's name in the result")
     p.add_argument("--log-samples", metavar="PATH",
                    help="also write lm-eval's per-document records (JSONL, one line per document) to PATH")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the JSON result to write")
 
 
 def split_sizes(tasks, data_dir: Path | None) -> dict[str, int | None]:

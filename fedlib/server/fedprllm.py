@@ -30,12 +30,14 @@ from fedlib import progress
 from fedlib.groups import prune_lowest
 from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter
 from fedlib.models import LayerInfo
-from fedlib.server.robust import RULES, ConsensusDistance, client_report, screening_rule
-from fedlib.server.strategy import LayerAggregator, LayerResult, Option, RoundPlan, Strategy
+from fedlib.protocol import FEDPRLLM_SCHEDULES
+from fedlib.server.robust import ConsensusDistance, client_report, screening_rule
+from fedlib.strategy_options import STRATEGY_OPTIONS
+from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 
 #: schedule -> the ``method`` prefix of its global files
-SCHEDULES = {"one-shot": "fedprllm", "iterative": "fedprllm-iterative"}
-MODES = tuple(SCHEDULES)
+SCHEDULES = dict(zip(FEDPRLLM_SCHEDULES, ("fedprllm", "fedprllm-iterative")))
+MODES = FEDPRLLM_SCHEDULES
 
 
 def global_mask_from_votes(votes: torch.Tensor, sparsity: float, group: str, seed: int, name: str) -> torch.Tensor:
@@ -139,13 +141,7 @@ class FedPrLLM(Strategy):
     send = "mask"
     cohort_fields = ("method", "group", "sparsity", "allocation")
     schedules = tuple(SCHEDULES.values())
-    options = (
-        Option("mode", "one round over every block (default), or one round per block", choices=MODES),
-        Option("robust", "count only the votes of the clients this rule does not flag; rules "
-                         "(fedlib.server.robust): mad = distance to the leave-one-out majority mask above "
-                         "median + 3.5 * 1.4826 MAD. Default: every client's votes",
-               choices=tuple(RULES), aggregation_only=True),
-    )
+    options = STRATEGY_OPTIONS["fedprllm"]
 
     def __post_init__(self):
         if self.mode not in MODES:

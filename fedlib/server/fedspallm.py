@@ -70,12 +70,11 @@ from fedlib import progress
 from fedlib.groups import GROUPS, prune_lowest, seeded_generator, sparsity_for_count
 from fedlib.maskfile import MaskFileError
 from fedlib.models import LayerInfo
-from fedlib.protocol import ROUNDINGS
+from fedlib.protocol import ROUNDINGS, SAMPLERS
 from fedlib.server.robust import ConsensusDistance, client_report, screening_rule
-from fedlib.server.strategy import LayerAggregator, LayerResult, Option, RoundPlan, Strategy
+from fedlib.strategy_options import STRATEGY_OPTIONS
+from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 from fedlib.weightfile import WEIGHT_DTYPES, open_weight_file, write_weight_file
-
-SAMPLERS = ("cyclic", "independent")
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -284,13 +283,7 @@ class FedSpaLLM(Strategy):
     send = "weights+mask"
     cohort_fields = ("method", "group", "sparsity")
     schedules = ("fedspallm",)
-    options = (
-        Option("rounds", "number of rounds T", type=int),
-        Option("resources", "per client, the fraction of the blocks it prunes per round (layer sampling)",
-               type=float, many=True),
-        Option("sampler", "layer sampler", choices=SAMPLERS),
-        Option("rounding", "expansion target, Eq. 7 (ceil)", choices=ROUNDINGS, aggregation_only=True),
-    )
+    options = STRATEGY_OPTIONS["fedspallm"]
 
     def __post_init__(self):
         if self.group not in GROUPS:

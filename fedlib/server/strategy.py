@@ -19,8 +19,10 @@ The three federations of the papers are three schedules of the same protocol:
 
 The simulation drivers (:mod:`fedlib.federation`) and ``fedlib aggregate`` (client files) both go
 through these methods, so a strategy's rule is written once. A new strategy is one module with a
-:class:`Strategy` subclass, plus one line in :data:`fedlib.server.STRATEGIES`: the command line
-offers it (``--strategy``) with its :attr:`Strategy.options`, and the workflow's server rule
+:class:`Strategy` subclass, plus one line in :data:`fedlib.server.STRATEGIES` and its name and
+settings in :data:`fedlib.protocol.STRATEGIES` and :data:`fedlib.strategy_options.STRATEGY_OPTIONS` (the
+command line is built without importing torch): the command line offers it (``--strategy``)
+with its :attr:`Strategy.options`, and the workflow's server rule
 runs it for a path that names it (``{strategy}_oneshot_{group}``, strategies that aggregate
 client mask files). The schedules its global files name belong to the file format's vocabulary
 (:data:`fedlib.protocol.SCHEDULES`).
@@ -28,7 +30,7 @@ client mask files). The schedules its global files name belong to the file forma
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -37,6 +39,7 @@ import torch
 
 from fedlib.maskfile import PAYLOAD, MaskFile, MaskFileError
 from fedlib.models import LayerInfo
+from fedlib.strategy_options import Option
 
 
 @dataclass(frozen=True)
@@ -62,27 +65,6 @@ class LayerResult:
     mask: torch.Tensor
     votes: torch.Tensor
     weight: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
-class Option:
-    """A setting of one strategy that ``fedlib configure`` / ``fedlib aggregate`` offer as
-    ``--<field>``: the strategy's dataclass field, what the help says, and how argparse reads it
-    (``many``: one or more values, given to the strategy as a tuple). ``aggregation_only``: it
-    changes the aggregation, not the round plan, so only ``fedlib aggregate`` offers it. An
-    option not given keeps the strategy's default."""
-
-    field: str
-    help: str
-    type: Callable[[str], object] | None = None
-    choices: tuple[str, ...] | None = None
-    many: bool = False
-    aggregation_only: bool = False
-
-    def add_to(self, parser, strategy: str) -> None:
-        extra = {"nargs": "+"} if self.many else {}
-        parser.add_argument(f"--{self.field}", type=self.type, choices=self.choices, help=f"{strategy}: {self.help}",
-                            **extra)
 
 
 class LayerAggregator:

@@ -23,7 +23,7 @@ rule client_mask:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} {params.upload} "
+        f"{FEDLIB} client-mask --model {{params.model}} --calib {{input.calib}} {{params.pruning}} {{params.upload}} "
         "--seed {params.seed} --client-id {wildcards.client} --batch-size {params.batch_size} "
         "{params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
@@ -52,6 +52,6 @@ rule centralized_mask:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        f"{FEDLIB} client-mask --model {{params.model}} --calib {{input.calib}} {{params.pruning}} "
         "--seed {params.seed} --client-id centralized --batch-size {params.batch_size} "
         "{params.placement} --threads {threads} --out {output} > {log} 2>&1"

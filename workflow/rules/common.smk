@@ -1,5 +1,5 @@
 # Functions and values the rules share, and the config's validation: nothing else happens here at
-# parse time (the run's own setup, the lock of a killed run and the jobs' environment: the Snakefile).
+# parse time (the jobs' command, FEDLIB: the Snakefile).
 
 import errno
 import json
@@ -140,9 +140,9 @@ CATALOG = Catalog(config, config_files())
 # Inputs and parameters of the rules in clients, server, evaluate and zeroshot.smk.
 
 
-def mask_args(wc, group_flag="--group"):
+def mask_args(wc):
     """CLI arguments of a client's pruning, from the prune wildcard."""
-    return CATALOG.mask_args(wc.prune, group_flag)
+    return CATALOG.mask_args(wc.prune)
 
 
 def client_masks(wc):
@@ -195,7 +195,7 @@ STUDY_PLOTS = CATALOG.study_plots()
 
 def study_caption(name, kind="table"):
     """workflow/report/<name>.rst when there is one, else the generic caption of its kind."""
-    own = Path(workflow.basedir) / "workflow" / "report" / f"{name}.rst"
+    own = Path(CHECKOUT) / "workflow" / "report" / f"{name}.rst"
     return f"../report/{name}.rst" if own.is_file() else f"../report/study_{kind}.rst"
 
 

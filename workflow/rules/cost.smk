@@ -31,7 +31,7 @@ rule cost_transfer:
         context=COST_CONTEXT,
         fedspallm="",
     shell:
-        "python -m fedlib cost transfer --model {params.model} --clients {input.clients} --global {input.glob} "
+        f"{FEDLIB} cost transfer --model {{params.model}} --client-masks {{input.clients}} --global {{input.glob}} "
         "{params.fedspallm} --record {output.record} --context {params.context:q} --out-md {output.md} "
         "--out-csv {output.csv} --out-html {output.html} > {log} 2>&1"
 
@@ -57,7 +57,7 @@ rule cost_network:
         model=model_folder,
         context=COST_CONTEXT,
     shell:
-        "python -m fedlib cost network --model {params.model} --record {input.record} --context {params.context:q} "
+        f"{FEDLIB} cost network --model {{params.model}} --record {{input.record}} --context {{params.context:q}} "
         "--out-md {output.md} --out-csv {output.csv} --out-html {output.html} > {log} 2>&1"
 
 
@@ -83,7 +83,7 @@ rule cost_time_table:
         context=COST_CONTEXT,
         spec=json.dumps(COST_TIME_SPEC),
     shell:
-        "python -m fedlib cost time --model {params.model} --spec {params.spec:q} --context {params.context:q} "
+        f"{FEDLIB} cost time --model {{params.model}} --spec {{params.spec:q}} --context {{params.context:q}} "
         "--out-md {output.md} --out-csv {output.csv} "
         "--out-html {output.html} > {log} 2>&1"
 

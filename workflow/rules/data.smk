@@ -18,9 +18,9 @@ rule calibration_pool:
         nsamples=lambda wc: Calib.parse(wc.calib).nsamples,
         seqlen=lambda wc: Calib.parse(wc.calib).seqlen,
         seed=lambda wc: Calib.parse(wc.calib).draw_seed(config["seed"]),
-        docs=span_arg("--docs", config["calibration"].get("c4_docs")),
+        docs=span_arg("--c4-docs", config["calibration"].get("c4_docs")),
     shell:
-        "python -m fedlib calibration-pool --model {params.model} --data-dir {params.data_dir} "
+        f"{FEDLIB} calibration-pool --model {{params.model}} --data-dir {{params.data_dir}} "
         "--dataset {params.dataset} --nsamples {params.nsamples} --seqlen {params.seqlen} "
         "--seed {params.seed} {params.docs} --out {output} > {log} 2>&1"
 
@@ -43,7 +43,7 @@ rule client_data:
         partition=lambda wc: Split.parse(wc.split).partition,
         seed=lambda wc: Calib.parse(wc.calib).draw_seed(config["seed"]),
     shell:
-        "python -m fedlib client-data --pool {input} --n-clients {params.n} --client {wildcards.client} "
+        f"{FEDLIB} client-data --pool {{input}} --n-clients {{params.n}} --client {{wildcards.client}} "
         "--partition {params.partition} --seed {params.seed} --out {output} > {log} 2>&1"
 
 
@@ -66,6 +66,6 @@ rule eval_windows:
         windows=f"--windows {EVAL['windows']}" if EVAL.get("windows") else "",
         c4_docs=span_arg("--c4-docs", EVAL.get("c4_docs")),
     shell:
-        "python -m fedlib eval-windows --model {params.model} --data-dir {params.data_dir} "
+        f"{FEDLIB} eval-windows --model {{params.model}} --data-dir {{params.data_dir}} "
         "--dataset {wildcards.dataset} --seqlen {params.seqlen} {params.windows} {params.c4_docs} "
         "--out {output} > {log} 2>&1"

@@ -36,7 +36,7 @@ rule domain_pool:
         data_dir=data_dir_arg(),
         args=lambda wc: DOMAIN.pool_args(wc.role, wc.dseed),
     shell:
-        "python -m fedlib calibration-pool --model {params.model} --data-dir {params.data_dir} {params.args} "
+        f"{FEDLIB} calibration-pool --model {{params.model}} --data-dir {{params.data_dir}} {{params.args}} "
         "--out {output} > {log} 2>&1"
 
 
@@ -56,7 +56,7 @@ rule domain_shard:
     params:
         n=DOMAIN.d["clients"],
     shell:
-        "python -m fedlib client-data --pool {input} --n-clients {params.n} --client {wildcards.client} "
+        f"{FEDLIB} client-data --pool {{input}} --n-clients {{params.n}} --client {{wildcards.client}} "
         "--partition iid --seed {wildcards.dseed} --out {output} > {log} 2>&1"
 
 
@@ -84,8 +84,8 @@ rule domain_mask:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib client-mask --model {params.model} --calib {input.calib} --method wanda "
-        "--sparsity {wildcards.dsp} --group row --seed 0 --client-id {wildcards.which} "
+        f"{FEDLIB} client-mask --model {{params.model}} --calib {{input.calib}} --method wanda "
+        "--sparsity {wildcards.dsp} --local-group row --seed 0 --client-id {wildcards.which} "
         "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -111,8 +111,8 @@ rule domain_public_mask:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib client-mask --model {params.model} --calib {input.calib} --method wanda "
-        "--sparsity {wildcards.dsp} --group row --seed 0 --client-id public "
+        f"{FEDLIB} client-mask --model {{params.model}} --calib {{input.calib}} --method wanda "
+        "--sparsity {wildcards.dsp} --local-group row --seed 0 --client-id public "
         "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -135,7 +135,7 @@ rule domain_fedprllm:
     params:
         model=model_folder,
     shell:
-        "python -m fedlib aggregate --model {params.model} --strategy fedprllm --group layer --sparsity {wildcards.dsp} "
+        f"{FEDLIB} aggregate --model {{params.model}} --strategy fedprllm --server-group layer --sparsity {{wildcards.dsp}} "
         "--seed 0 --out {output.mask} --report {output.report} {input.masks} > {log} 2>&1"
 
 
@@ -166,8 +166,8 @@ rule domain_dp:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib privacy dp-federation --model {params.model} --public {input.public} "
-        "--clients {input.clients} --method wanda --sparsity {wildcards.dsp} --group row --seed 0 "
+        f"{FEDLIB} privacy dp-federation --model {{params.model}} --public {{input.public}} "
+        "--calib {input.clients} --method wanda --sparsity {wildcards.dsp} --local-group row --seed 0 "
         "--releases {params.releases:q} --noise-seed {wildcards.dseed} --out-dir {params.out_dir} "
         "--record {output.record} --batch-size {params.batch_size} {params.placement} --threads {threads} "
         "> {log} 2>&1"
@@ -194,7 +194,7 @@ rule domain_dp_fedprllm:
     params:
         model=model_folder,
     shell:
-        "python -m fedlib aggregate --model {params.model} --strategy fedprllm --group layer --sparsity {wildcards.dsp} "
+        f"{FEDLIB} aggregate --model {{params.model}} --strategy fedprllm --server-group layer --sparsity {{wildcards.dsp}} "
         "--seed 0 --out {output.mask} --report {output.report} {input.masks} > {log} 2>&1"
 
 
@@ -217,7 +217,7 @@ rule domain_eval_windows:
         seqlen=EVAL["seqlen"],
         args=lambda wc: DOMAIN.eval_window_args(wc.dataset),
     shell:
-        "python -m fedlib eval-windows --model {params.model} --data-dir {params.data_dir} --dataset {wildcards.dataset} "
+        f"{FEDLIB} eval-windows --model {{params.model}} --data-dir {{params.data_dir}} --dataset {{wildcards.dataset}} "
         "--seqlen {params.seqlen} {params.args} --out {output} > {log} 2>&1"
 
 
@@ -248,7 +248,7 @@ rule domain_eval:
         model=model_folder,
         placement=f"--device {DEVICE} --dtype {DOMAIN_EVAL_DTYPE}",
     shell:
-        "python -m fedlib evaluate --model {params.model} --mask {input.mask} --windows {input.windows} "
+        f"{FEDLIB} evaluate --model {{params.model}} --mask {{input.mask}} --windows {{input.windows}} "
         "--label {wildcards.path} --batch-size 1 {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -275,7 +275,7 @@ rule domain_dense_eval:
         model=model_folder,
         device=DEVICE,
     shell:
-        "python -m fedlib evaluate --model {params.model} --windows {input.windows} --label dense-{wildcards.dtype} "
+        f"{FEDLIB} evaluate --model {{params.model}} --windows {{input.windows}} --label dense-{{wildcards.dtype}} "
         "--batch-size 1 --device {params.device} --dtype {wildcards.dtype} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -304,8 +304,8 @@ rule domain_membership:
         args=lambda wc: DOMAIN.membership_args(wc.label),
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib privacy membership --model {params.model} --population {input.population} "
-        "--method wanda --sparsity {params.sparsity} --group row --seed 0 {params.args} --dp-public {input.public} "
+        f"{FEDLIB} privacy membership --model {{params.model}} --population {{input.population}} "
+        "--method wanda --sparsity {params.sparsity} --local-group row --seed 0 {params.args} --dp-public {input.public} "
         "{params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -324,7 +324,7 @@ rule domain_report:
     params:
         spec=json.dumps(DOMAIN.spec()),
     shell:
-        "python -m fedlib privacy domain-report --spec {params.spec:q} > {log} 2>&1"
+        f"{FEDLIB} privacy domain-report --spec {{params.spec:q}} > {{log}} 2>&1"
 
 
 rule domain_headroom_pass:
@@ -358,9 +358,9 @@ rule domain_headroom_pass:
         placement=PLACEMENT_ARGS,
         eval_dtype=DOMAIN_EVAL_DTYPE,
     shell:
-        "python -m fedlib privacy dp-headroom --model {params.model} --public {input.public} --clients {input.clients} "
+        f"{FEDLIB} privacy dp-headroom --model {{params.model}} --public {{input.public}} --calib {{input.clients}} "
         "--windows {input.windows} --variants {params.variants:q} --noise-seeds {params.seeds} --clip {params.clip} "
-        "--method wanda --sparsity {params.sparsity} --group row --seed 0 --batch-size {params.batch_size} "
+        "--method wanda --sparsity {params.sparsity} --local-group row --seed 0 --batch-size {params.batch_size} "
         "{params.placement} --eval-dtype {params.eval_dtype} --eval-threads 1 --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -383,7 +383,7 @@ rule domain_headroom:
         model=config["model"]["name"],
         config=CATALOG.config_files,
     shell:
-        "python -m fedlib privacy headroom-report --headroom {input.headroom} --public-eval {input.public} "
+        f"{FEDLIB} privacy headroom-report --headroom {{input.headroom}} --public-eval {{input.public}} "
         "--central-eval {input.central} --dataset {params.dataset} --model-name {params.model} --config {params.config:q} "
         "--out {output.md} > {log} 2>&1"
 

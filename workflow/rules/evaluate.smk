@@ -19,7 +19,7 @@ rule evaluate_dense:
         batch_size=EVAL.get("batch_size", 1),
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib evaluate --model {params.model} --windows {input.windows} --label dense "
+        f"{FEDLIB} evaluate --model {{params.model}} --windows {{input.windows}} --label dense "
         "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -47,6 +47,6 @@ rule evaluate_perplexity:
         batch_size=EVAL.get("batch_size", 1),
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib evaluate --model {params.model} {params.variant} "
+        f"{FEDLIB} evaluate --model {{params.model}} {{params.variant}} "
         "--windows {input.windows} --label {wildcards.label} --batch-size {params.batch_size} "
         "{params.placement} --threads {threads} --out {output} > {log} 2>&1"

@@ -16,4 +16,4 @@ rule materialize_model:
     params:
         name=lambda wc: wc.model.replace("--", "/"),
     shell:
-        "python -m fedlib materialize-model --model {params.name} --out resources/models/{wildcards.model} > {log} 2>&1"
+        f"{FEDLIB} materialize-model --model {{params.name}} --out resources/models/{{wildcards.model}} > {{log}} 2>&1"

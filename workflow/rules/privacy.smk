@@ -21,7 +21,7 @@ rule privacy_entropy:
     params:
         model=model_folder,
     shell:
-        "python -m fedlib privacy entropy --model {params.model} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
+        f"{FEDLIB} privacy entropy --model {{params.model}} --threads {{threads}} --out {{output}} {{input.masks}} > {{log}} 2>&1"
 
 
 rule privacy_similarity:
@@ -47,12 +47,12 @@ rule privacy_similarity:
         model=model_folder,
         pruning=PRIVACY.pruning_args(),
         seeds=lambda wc: PRIVACY.similarity_seeds_args(
-            wc.size, data_dir_arg(), span_arg("--docs", config["calibration"].get("c4_docs"))
+            wc.size, data_dir_arg(), span_arg("--c4-docs", config["calibration"].get("c4_docs"))
         ),
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib privacy similarity --model {params.model} {params.pruning} {params.seeds} "
+        f"{FEDLIB} privacy similarity --model {{params.model}} {{params.pruning}} {{params.seeds}} "
         "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} {input.masks} > {log} 2>&1"
 
 
@@ -85,7 +85,7 @@ rule privacy_sensitivity:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib privacy sensitivity --model {params.model} {params.pruning} --calib {input.calib} "
+        f"{FEDLIB} privacy sensitivity --model {{params.model}} {{params.pruning}} --calib {{input.calib}} "
         "--base-mask {input.base} --replacements {input.replacements} --neighbours {params.neighbours} --blocks {params.blocks} "
         "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
@@ -120,7 +120,7 @@ rule privacy_membership:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib privacy membership --model {params.model} {params.pruning} --population {input.population} "
+        f"{FEDLIB} privacy membership --model {{params.model}} {{params.pruning}} --population {{input.population}} "
         "--targets {params.targets} --samples {params.samples} --pairs {params.pairs} --blocks {params.blocks} "
         "--epsilons {params.epsilons} --batch-size {params.batch_size} {params.placement} --threads {threads} "
         "--out {output} > {log} 2>&1"
@@ -157,8 +157,8 @@ rule privacy_inversion:
         ),
         tiny=lambda wc: " ".join(str(t) for t in PRIVACY.of(wc.size, "inversion")["tiny"]),
     shell:
-        "python -m fedlib privacy inversion --model {params.model} --texts {input.texts} --per-length {params.per_length} "
-        "--sparsity {params.sparsity} --group {params.group} --seed {params.seed} --steps {params.steps} "
+        f"{FEDLIB} privacy inversion --model {{params.model}} --texts {{input.texts}} --per-length {{params.per_length}} "
+        "--sparsity {params.sparsity} --local-group {params.group} --seed {params.seed} --steps {params.steps} "
         "--prior-tokens {input.prior} {params.prior} --tiny-lengths {params.tiny} --threads {threads} "
         "--out {output} > {log} 2>&1"
 
@@ -189,7 +189,7 @@ rule privacy_rr_aggregate:
         group=lambda wc: group_arg(wc.group),
         seed=config["seed"],
     shell:
-        "python -m fedlib privacy rr-aggregate --model {params.model} --epsilon {wildcards.eps} --group {params.group} "
+        f"{FEDLIB} privacy rr-aggregate --model {{params.model}} --epsilon {{wildcards.eps}} --server-group {{params.group}} "
         "--sparsity {params.sparsity} --seed {params.seed} --clean-global {input.clean} --threads {threads} "
         "--out {output.mask} --record {output.record} {input.masks} > {log} 2>&1"
 
@@ -220,7 +220,7 @@ rule privacy_defence_eval:
         batch_size=EVAL.get("batch_size", 1),
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib evaluate --model {params.model} --mask {input.mask} --windows {input.windows} "
+        f"{FEDLIB} evaluate --model {{params.model}} --mask {{input.mask}} --windows {{input.windows}} "
         "--label rr{wildcards.eps}_{wildcards.group} --batch-size {params.batch_size} {params.placement} --threads {threads} "
         "--out {output} > {log} 2>&1"
 
@@ -244,7 +244,7 @@ for _size in ("run", "full"):
         params:
             spec=json.dumps(PRIVACY.report_spec("privacy", _size)),
         shell:
-            "python -m fedlib privacy report --spec {params.spec:q} > {log} 2>&1"
+            f"{FEDLIB} privacy report --spec {{params.spec:q}} > {{log}} 2>&1"
 
 
 rule privacy:
@@ -289,7 +289,7 @@ rule privacy_dp_client:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        f"{FEDLIB} client-mask --model {{params.model}} --calib {{input.calib}} {{params.pruning}} "
         "--client-id {wildcards.client} {params.dp} --batch-size {params.batch_size} "
         "{params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
@@ -321,7 +321,7 @@ rule privacy_dp_aggregate:
         sparsity=lambda wc: PRIVACY.sparsity,
         seed=config["seed"],
     shell:
-        "python -m fedlib aggregate --model {params.model} --strategy fedprllm --group layer --sparsity {params.sparsity} "
+        f"{FEDLIB} aggregate --model {{params.model}} --strategy fedprllm --server-group layer --sparsity {{params.sparsity}} "
         "--seed {params.seed} --out {output.mask} --report {output.report} {input.masks} > {log} 2>&1"
 
 
@@ -351,7 +351,7 @@ rule privacy_dp_public:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib client-mask --model {params.model} --calib {input.calib} {params.pruning} "
+        f"{FEDLIB} client-mask --model {{params.model}} --calib {{input.calib}} {{params.pruning}} "
         "--client-id public --batch-size {params.batch_size} {params.placement} --threads {threads} "
         "--out {output} > {log} 2>&1"
 
@@ -382,7 +382,7 @@ rule privacy_dp_eval:
         batch_size=EVAL.get("batch_size", 1),
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib evaluate --model {params.model} --mask {input.mask} --windows {input.windows} "
+        f"{FEDLIB} evaluate --model {{params.model}} --mask {{input.mask}} --windows {{input.windows}} "
         "--label dp-{wildcards.fed}-{wildcards.eps} --batch-size {params.batch_size} {params.placement} "
         "--threads {threads} --out {output} > {log} 2>&1"
 
@@ -416,7 +416,7 @@ rule privacy_dp_membership:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib privacy membership --model {params.model} {params.pruning} --population {input.population} "
+        f"{FEDLIB} privacy membership --model {{params.model}} {{params.pruning}} --population {{input.population}} "
         "--targets {params.targets} --samples {params.samples} --pairs {params.pairs} --blocks {params.blocks} "
         "{params.dp} --batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
@@ -450,7 +450,7 @@ rule privacy_membership_scale_game:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib privacy membership --model {params.model} {params.pruning} --population {input.population} "
+        f"{FEDLIB} privacy membership --model {{params.model}} {{params.pruning}} --population {{input.population}} "
         "--targets {params.targets} --samples {wildcards.samples} --pairs {params.pairs} --blocks all "
         "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
@@ -486,9 +486,9 @@ rule privacy_membership_shared_game:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib privacy membership-shared --model {params.model} {params.pruning} "
+        f"{FEDLIB} privacy membership-shared --model {{params.model}} {{params.pruning}} "
         "--population {input.population} --samples {params.samples} --shadows {params.shadows} "
-        "--clients {params.clients} --batch-size {params.batch_size} {params.placement} --threads {threads} "
+        "--n-clients {params.clients} --batch-size {params.batch_size} {params.placement} --threads {threads} "
         "--out {output} > {log} 2>&1"
 
 
@@ -523,7 +523,7 @@ rule privacy_attribute_game:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib privacy attribute --model {params.model} {params.pruning} --population {input.population} "
+        f"{FEDLIB} privacy attribute --model {{params.model}} {{params.pruning}} --population {{input.population}} "
         "{params.property} --trials {params.trials} --samples {params.samples} --pairs {params.pairs} --blocks all "
         "--batch-size {params.batch_size} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
@@ -549,9 +549,9 @@ rule privacy_public_text:
         model=model_folder,
         data_dir=data_dir_arg(),
         seqlen=config["calibration"]["seqlen"],
-        docs=span_arg("--docs", config["calibration"].get("c4_docs")),
+        docs=span_arg("--c4-docs", config["calibration"].get("c4_docs")),
     shell:
-        "python -m fedlib calibration-pool --model {params.model} --data-dir {params.data_dir} "
+        f"{FEDLIB} calibration-pool --model {{params.model}} --data-dir {{params.data_dir}} "
         "--dataset {wildcards.dataset} --nsamples {wildcards.windows} --seqlen {params.seqlen} "
         "--seed {wildcards.seed} {params.docs} --out {output} > {log} 2>&1"
 
@@ -580,7 +580,7 @@ rule privacy_heldout_text:
         c4_docs=span_arg("--c4-docs", EVAL.get("c4_docs")),
         windows=lambda wc: "" if wc.windows == "all" else f"--windows {wc.windows}",
     shell:
-        "python -m fedlib eval-windows --model {params.model} --data-dir {params.data_dir} "
+        f"{FEDLIB} eval-windows --model {{params.model}} --data-dir {{params.data_dir}} "
         "--dataset {params.dataset} --seqlen {params.seqlen} {params.c4_docs} {params.windows} --out {output} > {log} 2>&1"
 
 
@@ -611,7 +611,7 @@ rule privacy_inversion_client_attack:
         moves=PRIVACY.inversion_client()["refine_moves"],
         candidates=PRIVACY.inversion_client()["candidates"],
     shell:
-        "python -m fedlib privacy inversion-client --model {params.model} --mask {input.mask} --shard {input.shard} "
+        f"{FEDLIB} privacy inversion-client --model {{params.model}} --mask {{input.mask}} --shard {{input.shard}} "
         "--prior {params.priors} --steps {params.steps} --refine-moves {params.moves} "
         "--candidates {params.candidates} --threads {threads} --out {output} > {log} 2>&1"
 
@@ -642,7 +642,7 @@ rule privacy_secagg_game:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib privacy secagg --model {params.model} {params.pruning} --population {input.population} "
+        f"{FEDLIB} privacy secagg --model {{params.model}} {{params.pruning}} --population {{input.population}} "
         "--samples {params.samples} {params.sizes} --batch-size {params.batch_size} {params.placement} "
         "--threads {threads} --out {output} > {log} 2>&1"
 
@@ -673,7 +673,7 @@ for _analysis in PRIVACY_TARGETS:
                 command=f"privacy {_analysis.report}",
                 spec=json.dumps(PRIVACY.report_spec(_analysis.target, _size)),
             shell:
-                "python -m fedlib {params.command} --spec {params.spec:q} > {log} 2>&1"
+                f"{FEDLIB} {{params.command}} --spec {{params.spec:q}} > {{log}} 2>&1"
 
         rule:
             name:

@@ -16,5 +16,5 @@ rule table1:
     params:
         spec=json.dumps(CATALOG.table1()),
     shell:
-        "python -m fedlib report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
+        f"{FEDLIB} report --spec {{params.spec:q}} --out-md {{output.md}} --out-csv {{output.csv}} "
         "--out-html {output.html} > {log} 2>&1"

@@ -27,7 +27,7 @@ rule aggregate:
         cohort=lambda wc: CATALOG.cohort_args(wc.prune),
         options=CATALOG.server_args(),
     shell:
-        "python -m fedlib aggregate --model {params.model} --strategy {wildcards.strategy} --group {params.group} "
+        f"{FEDLIB} aggregate --model {{params.model}} --strategy {{wildcards.strategy}} --server-group {{params.group}} "
         "--sparsity {params.sparsity} --seed {params.seed} {params.cohort} {params.options} --out {output.mask} "
         "--report {output.report} {input.masks} > {log} 2>&1"
 
@@ -55,14 +55,14 @@ rule iterative:
         gpu=MODEL_JOB_GPUS,
     params:
         model=model_folder,
-        pruning=lambda wc: mask_args(wc, group_flag="--local-group"),
+        pruning=mask_args,
         group=lambda wc: group_arg(wc.group),
         scale=lambda wc: "--scale" if wc.run == "iterative-scaled" else "",
         seed=config["seed"],
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib iterative --model {params.model} --calib {input.calib} {params.pruning} "
+        f"{FEDLIB} iterative --model {{params.model}} --calib {{input.calib}} {{params.pruning}} "
         "--server-group {params.group} {params.scale} --seed {params.seed} --batch-size {params.batch_size} "
         "{params.placement} --threads {threads} --out {output.mask} --record {output.record} > {log} 2>&1"
 
@@ -101,7 +101,7 @@ rule fedspallm:
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib fedspallm --model {params.model} --calib {input.calib} {params.args} "
+        f"{FEDLIB} fedspallm --model {{params.model}} --calib {{input.calib}} {{params.args}} "
         "--seed {params.seed} --batch-size {params.batch_size} "
         "{params.placement} --threads {threads} {params.standalone} --out {output.weights} "
         "--record {output.record} > {log} 2>&1"
@@ -127,5 +127,5 @@ rule random_mask:
         model=model_folder,
         seed=config["seed"],
     shell:
-        "python -m fedlib random-mask --model {params.model} --sparsity {wildcards.sparsity} --seed {params.seed} "
+        f"{FEDLIB} random-mask --model {{params.model}} --sparsity {{wildcards.sparsity}} --seed {{params.seed}} "
         "--out {output} > {log} 2>&1"

@@ -21,7 +21,7 @@ for _name, _spec in STUDY_SPECS.items():
         params:
             spec=json.dumps(_spec()),
         shell:
-            "python -m fedlib report --spec {params.spec:q} --out-md {output.md} --out-csv {output.csv} "
+            f"{FEDLIB} report --spec {{params.spec:q}} --out-md {{output.md}} --out-csv {{output.csv}} "
             "--out-html {output.html} > {log} 2>&1"
 
 
@@ -44,7 +44,7 @@ for _name, _spec in STUDY_PLOTS.items():
         params:
             spec=json.dumps(_spec()),
         shell:
-            "python -m fedlib plot --spec {params.spec:q} --out {output} > {log} 2>&1"
+            f"{FEDLIB} plot --spec {{params.spec:q}} --out {{output}} > {{log}} 2>&1"
 
 
 for _name in STUDY_SPECS:

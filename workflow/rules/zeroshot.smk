@@ -23,7 +23,7 @@ rule zeroshot_dense:
         args=ZEROSHOT_ARGS,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib zeroshot --model {params.model} {params.args} --label dense "
+        f"{FEDLIB} zeroshot --model {{params.model}} {{params.args}} --label dense "
         "{params.placement} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -51,5 +51,5 @@ rule zeroshot:
         args=ZEROSHOT_ARGS,
         placement=PLACEMENT_ARGS,
     shell:
-        "python -m fedlib zeroshot --model {params.model} {params.variant} {params.args} "
+        f"{FEDLIB} zeroshot --model {{params.model}} {{params.variant}} {{params.args}} "
         "--label {wildcards.label} {params.placement} --threads {threads} --out {output} > {log} 2>&1"
