@@ -33,7 +33,7 @@ def add_placement_arguments(p) -> None:
 
 
 def add_dp_arguments(p, noise_seed: bool = True) -> None:
-    """The DP client mechanism's budget (:mod:`fedlib.privacy.dp`)."""
+    """The DP client mechanism's budget (:mod:`fedlib.dp.gaussian`)."""
     p.add_argument("--dp-epsilon", type=float,
                    help="sample-level (replace-one) DP: clip per-sample Wanda statistics and add Gaussian noise "
                         "calibrated to this epsilon over all blocks (PLD accountant); inf = no DP. Wanda only")
@@ -43,9 +43,9 @@ def add_dp_arguments(p, noise_seed: bool = True) -> None:
                         "distributed: on its deviation from the public text's, as a multiple of the public samples' "
                         "own (rms) deviation")
     p.add_argument("--dp-mechanism", default="gaussian", choices=["gaussian", "normalised", "distributed"],
-                   help="gaussian: raw statistics, clamped (fedlib.privacy.dp); normalised: deviations from the public "
+                   help="gaussian: raw statistics, clamped (fedlib.dp.gaussian); normalised: deviations from the public "
                         "text's statistics through the public mask's prefix, shrunk toward them (--dp-estimator; degrades to the public "
-                        "mask; fedlib.privacy.dp_public); distributed: their secure sum over --dp-clients clients "
+                        "mask; fedlib.dp.public); distributed: their secure sum over --dp-clients clients "
                         "(audits only: fedlib privacy dp-federation simulates a federation)")
     p.add_argument("--dp-public", help="normalised/distributed: the public text (token file) the statistics are "
                                        "normalised by and the public mask is computed on")
@@ -65,8 +65,8 @@ def add_dp_arguments(p, noise_seed: bool = True) -> None:
 
 
 def dp_target_from_args(args):
-    """``--dp-*`` as a :class:`fedlib.privacy.dp.DPTarget` (the Gaussian mechanism) or a
-    :class:`fedlib.privacy.dp_public.PublicDP` (``--dp-mechanism normalised|distributed``), or None
+    """``--dp-*`` as a :class:`fedlib.dp.gaussian.DPTarget` (the Gaussian mechanism) or a
+    :class:`fedlib.dp.public.PublicDP` (``--dp-mechanism normalised|distributed``), or None
     without ``--dp-epsilon`` (``inf`` = the plain Gaussian path, recorded as no DP)."""
     prior_options = {"--dp-public": args.dp_public, "--dp-basis": args.dp_basis, "--dp-clients": args.dp_clients,
                      "--dp-estimator": args.dp_estimator}
@@ -81,11 +81,11 @@ def dp_target_from_args(args):
         given = [flag for flag, value in prior_options.items() if value is not None]
         if given:
             raise ValueError(f"{', '.join(given)}: options of --dp-mechanism normalised or distributed")
-        from fedlib.privacy.dp import DPTarget
+        from fedlib.dp.gaussian import DPTarget
 
         return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip)
     from fedlib.data import load_tokens
-    from fedlib.privacy.dp_distributed import public_dp
+    from fedlib.dp.distributed import public_dp
 
     if args.dp_public is None:
         raise ValueError(f"--dp-mechanism {args.dp_mechanism} needs --dp-public (the public text's token file)")

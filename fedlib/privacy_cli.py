@@ -430,7 +430,7 @@ def _cmd_dp_headroom(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.models import open_model, prunable_layers
     from fedlib.privacy.dp_headroom import headroom, variants_from_spec
-    from fedlib.privacy.dp_public import tokens_digest
+    from fedlib.dp.public import tokens_digest
     from fedlib.runner import Placement
 
     model, pruning, public, clients = _dp_federation_inputs(args)

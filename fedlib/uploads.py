@@ -35,7 +35,7 @@ def write_client_mask(
     """Write this client's mask file ``out``, pruned as ``pruning`` says: every block (one-shot),
     or block ``round_index`` only (a round of iterative FedPrLLM: its input goes through the
     server's ``global_masks`` file of the earlier blocks, scaled with ``scale``). ``dp`` (a
-    :class:`fedlib.privacy.dp.DPTarget` or :class:`fedlib.privacy.dp_public.PublicDP`) makes it a
+    :class:`fedlib.dp.gaussian.DPTarget` or :class:`fedlib.dp.public.PublicDP`) makes it a
     DP Wanda mask. Returns the blocks computed."""
     from fedlib.client import prune_locally
     from fedlib.maskcode import MagnitudeReference
@@ -51,9 +51,9 @@ def write_client_mask(
         raise ValueError("--global-masks and --scale belong to a round of iterative FedPrLLM (give --round)")
     method = pruning.method  # the registered name the file records (DP computes with its own class)
     extra = {"method_options": json.dumps(pruning.options), "dtype": dtype}
-    mechanism = None  # a DP client's (fedlib.privacy.dp.DPTarget or fedlib.privacy.dp_public.PublicDP)
+    mechanism = None  # a DP client's (fedlib.dp.gaussian.DPTarget or fedlib.dp.public.PublicDP)
     if dp is not None and dp.enabled:
-        from fedlib.privacy.dp import fresh_noise_seed
+        from fedlib.dp.gaussian import fresh_noise_seed
 
         if round_index is not None or pruning.options:
             raise ValueError("--dp-epsilon: DP masks are one-shot Wanda without method options (no --round: "

@@ -1,4 +1,4 @@
-"""The DP client mechanism (fedlib.privacy.dp): accounting checked against the analytic Gaussian
+"""The DP client mechanism (fedlib.dp.gaussian): accounting checked against the analytic Gaussian
 mechanism, clipping against brute force, the no-DP path bit for bit, seeded noise, the mask
 file's guarantee, and the membership attack's audited epsilon against the proven one."""
 
@@ -13,7 +13,7 @@ from scipy import optimize, stats
 
 from fedlib.client import Pruning, prune_locally
 from fedlib.maskfile import MaskFileError, read_header
-from fedlib.privacy.dp import (
+from fedlib.dp.gaussian import (
     DPTarget,
     calibrate_sigma,
     clipped_sample_sum,

@@ -1,4 +1,4 @@
-"""DP masks that degrade to the public mask (fedlib.privacy.dp_public, dp_distributed): the
+"""DP masks that degrade to the public mask (fedlib.dp.public, fedlib.dp.distributed): the
 signed statistic's sensitivity by brute force, the no-noise limit against plain Wanda computed
 independently, huge noise against the public mask, the low-dimensional release, the distributed
 sum through real SecAgg, the discrete Gaussian and both accountants against exact bounds."""
@@ -16,10 +16,10 @@ from fedlib.client import Pruning, prune_locally
 from fedlib.groups import prune_lowest
 from fedlib.methods.wanda import wanda_scores
 from fedlib.models import block_linears
-from fedlib.privacy.dp import calibrate_sigma, count_releases, input_key
-from fedlib.privacy.ddg_accounting import GRID, calibrate_distributed_sigma, rdp_epsilon, sensitivity_steps
-from fedlib.privacy.dp_distributed import DistributedGuarantee, DistributedTarget, discrete_gaussian
-from fedlib.privacy.dp_public import (
+from fedlib.dp.gaussian import calibrate_sigma, count_releases, input_key
+from fedlib.dp.accountant import GRID, calibrate_distributed_sigma, rdp_epsilon, sensitivity_steps
+from fedlib.dp.distributed import DistributedGuarantee, DistributedTarget, discrete_gaussian
+from fedlib.dp.public import (
     FALSE_KEEP,
     NormalisedGuarantee,
     NormalisedTarget,
@@ -98,7 +98,7 @@ def reference_masks(model, ids, prefix_masks):
 def test_signed_statistic_needs_sensitivity_2c_by_brute_force(model):
     """Replace-one neighbours of a data set move the clipped sum by at most 2C (brute force over
     a pool on a tiny model's real activations), and two samples can reach 2C, beyond sqrt(2) C."""
-    from fedlib.privacy.dp_public import ClippedDeviations, PublicWanda, View
+    from fedlib.dp.public import ClippedDeviations, PublicWanda, View
     from fedlib.runner import BlockRunner
 
     pool = torch.cat([_ids(6, seed=1), torch.full((1, 16), 3), torch.full((1, 16), 77)])
@@ -294,12 +294,12 @@ def test_discrete_gaussian_matches_its_distribution():
 def test_secure_sum_equals_the_plain_sum_of_noisy_uploads(model):
     """The distributed release through real SecAgg equals the sum of what the clients would
     upload in the clear (grid sums plus their noise shares), decoded."""
-    from fedlib.privacy.dp_distributed import _rng
+    from fedlib.dp.distributed import _rng
 
     public, a, b = _ids(8, seed=2), _ids(5, seed=3, low=64), _ids(7, seed=4)
     g = DistributedTarget(8.0, 1e-5, 1.0, 0, 2).guarantee(_names(model), "x")
     seen = {}
-    import fedlib.privacy.dp_distributed as dd
+    import fedlib.dp.distributed as dd
 
     original = dd.secure_noisy_sum
 
@@ -364,7 +364,7 @@ def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_gu
     handle = open_model(str(tiny_model_dir))
     record = simulate(handle, load_tokens(public)[0], [load_tokens(a)[0], load_tokens(b)[0]], releases,
                       tmp_path / "fed", Pruning("wanda", 0.5, "row", 0), noise_seed=7)
-    from fedlib.privacy.dp_public import _seed_of
+    from fedlib.dp.public import _seed_of
 
     main(["client-mask", "--model", str(tiny_model_dir), "--calib", str(b), "--dp-mechanism", "normalised",
           "--dp-public", str(public), "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2",
@@ -419,7 +419,7 @@ def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_gu
 
 
 def test_membership_audit_of_the_normalised_mechanisms_stays_below_the_proven_epsilon(model):
-    from fedlib.privacy.dp_distributed import public_dp
+    from fedlib.dp.distributed import public_dp
     from fedlib.privacy.stages.membership import membership_audit
 
     pop = torch.randint(0, 128, (40, 8), generator=torch.Generator().manual_seed(3))
@@ -522,7 +522,7 @@ def test_headroom_posterior_mean_against_the_true_prior():
     """The empirical-Bayes estimator against the Bayes posterior mean computed with the prior the
     data were drawn from (0 w.p. 0.9, 4 noise stds w.p. 0.1): close to it, and with a smaller
     squared error than the noisy values or the family-wise soft threshold."""
-    from fedlib.privacy.dp_public import posterior_mean
+    from fedlib.dp.public import posterior_mean
 
     gen = torch.Generator().manual_seed(0)
     d, std, spike = 4000, 0.5, 2.0
@@ -546,7 +546,7 @@ def test_posterior_keeps_the_public_value_unless_the_input_stands_out_of_the_noi
     threshold's; without the test the fitted prior would let a few percent of the noise through.
     A deviation spread thinly over every coordinate (1 noise std each) passes, and the posterior
     recovers much of what the threshold (about 4 stds at this size) throws away."""
-    from fedlib.privacy.dp_public import estimate_deviation, posterior_mean, stands_out
+    from fedlib.dp.public import estimate_deviation, posterior_mean, stands_out
 
     gen = torch.Generator().manual_seed(0)
     d, trials, level = 64, 4000, 0.2

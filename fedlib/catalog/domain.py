@@ -29,7 +29,7 @@ DEFAULTS = {
 @dataclass(frozen=True)
 class StudyMechanism:
     """A DP row family of the study: the x_dp mechanism, whether it releases in the public basis,
-    its estimator (:mod:`fedlib.privacy.dp_public`), its title and the non-private row whose gain
+    its estimator (:mod:`fedlib.dp.public`), its title and the non-private row whose gain
     it is measured against (FedPrLLM for per-client masks, Centralized for the secure sum)."""
 
     mechanism: str

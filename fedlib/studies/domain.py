@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlib.privacy.dp_public import FALSE_KEEP
+from fedlib.dp.public import FALSE_KEEP
 from fedlib.report import DATASET_TITLES, fmt_ppl, write_table
 
 BOOTSTRAP = 2000
@@ -187,10 +187,10 @@ def _header(spec, summaries, dense, worse, checks, audits) -> list[str]:
         "each sample's channel energies as deviations from the public text's, clipped to "
         f"{spec['clip']:g} × the public samples' rms deviation (sensitivity 2 × clip: signed), Gaussian noise, "
         "the noisy mean soft-thresholded toward the public prior at the bound that noise alone clears with "
-        f"probability {FALSE_KEEP:.1%} over the pass (from the noise level and shapes only; fedlib.privacy.dp_public). "
+        f"probability {FALSE_KEEP:.1%} over the pass (from the noise level and shapes only; fedlib.dp.public). "
         f"Public basis: the {spec['basis']} leading directions of the public tokens' deviations. Per client: each "
         "client's noisy mask, FedPrLLM over them. Distributed: the clients' sums under SecAgg, each adding 1/√K "
-        "of a discrete Gaussian (fedlib.privacy.dp_distributed), one Wanda mask from the sum. The proven ε "
+        "of a discrete Gaussian (fedlib.dp.distributed), one Wanda mask from the sum. The proven ε "
         "covers every block (its σ is in the mask files' x_dp).",
         "Gain kept: the DP row's Δ over its counterpart's (per client: FedPrLLM; distributed: Centralized), "
         "shown where that counterpart beats public text significantly.",

@@ -1,6 +1,6 @@
 """A simulated DP federation (``fedlib privacy dp-federation``): every client's normalised DP
 mask file and the distributed mechanism's mask, for several mechanisms and ε, from one pass of
-the clients' data through the public mask's prefix (:func:`fedlib.privacy.dp_public.federation_pass`).
+the clients' data through the public mask's prefix (:func:`fedlib.dp.public.federation_pass`).
 
 Each file is what the protocol produces: a client's file is the one ``fedlib client-mask
 --dp-mechanism normalised`` writes with the same noise seed (a test checks it bit for bit), with
@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from fedlib.client import Pruning
-from fedlib.privacy.ddg_accounting import DISTRIBUTED
-from fedlib.privacy.dp_distributed import DistributedTarget
-from fedlib.privacy.dp_public import (
+from fedlib.dp.accountant import DISTRIBUTED
+from fedlib.dp.distributed import DistributedTarget
+from fedlib.dp.public import (
     NORMALISED,
     THRESHOLD,
     NormalisedTarget,

@@ -21,7 +21,7 @@ def client_masks(
     (:func:`fedlib.client.prune_locally`), restricted to decoder blocks ``0..blocks-1``
     (``None`` = all). The forward pass stops after the last requested block, so the masks
     of the first blocks cost only the forward through those blocks. ``dp``: a
-    :class:`fedlib.privacy.dp.DPTarget` or :class:`fedlib.privacy.dp_public.PublicDP`, the
+    :class:`fedlib.dp.gaussian.DPTarget` or :class:`fedlib.dp.public.PublicDP`, the
     client's DP mechanism accounted over the blocks computed, its noise drawn from ``dp_noise_seed``."""
     from fedlib.client import prune_locally
 

@@ -1,4 +1,4 @@
-"""Distributed DP: the clients' normalised statistics (:mod:`fedlib.privacy.dp_public`) summed
+"""Distributed DP: the clients' normalised statistics (:mod:`fedlib.dp.public`) summed
 under secure aggregation (:mod:`fedlib.server.secagg`), each client adding 1/sqrt(K) of the noise,
 so the server sees one sum with the noise a central curator would add: central-DP utility
 (the noise on a mean falls with the federation's total sample count, not one client's), with
@@ -34,7 +34,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from fedlib.privacy.ddg_accounting import (
+from fedlib.dp.accountant import (
     ACCOUNTANT,
     DISTRIBUTED,
     DISTRIBUTED_FIELDS,
@@ -42,8 +42,8 @@ from fedlib.privacy.ddg_accounting import (
     calibrate_distributed_sigma,
     sensitivity_steps,
 )
-from fedlib.privacy.dp import count_releases
-from fedlib.privacy.dp_public import (
+from fedlib.dp.gaussian import count_releases
+from fedlib.dp.public import (
     NORMALISED,
     THRESHOLD,
     Deviations,
@@ -99,7 +99,7 @@ class DistributedGuarantee(NormalisedGuarantee):
         return self.sigma * sensitivity_steps(self.grid, dim) * bound / self.grid
 
     def secure_sum(self, release, key: str, stats: Sequence[Deviations]) -> torch.Tensor:
-        """:func:`secure_noisy_sum` (:func:`fedlib.privacy.dp_public.federation_pass` calls it
+        """:func:`secure_noisy_sum` (:func:`fedlib.dp.public.federation_pass` calls it
         through the guarantee, so that module need not import this one)."""
         return secure_noisy_sum(release, key, stats)
 
@@ -108,7 +108,7 @@ class DistributedGuarantee(NormalisedGuarantee):
 class DistributedTarget:
     """``distributed`` in the domain study: the budget, clip (x the public scale), basis size,
     the number of clients that share the noise and the server's estimator
-    (:mod:`fedlib.privacy.dp_public`)."""
+    (:mod:`fedlib.dp.public`)."""
 
     epsilon: float
     delta: float

@@ -1,4 +1,4 @@
-"""Accounting of the distributed discrete Gaussian sum (:mod:`fedlib.privacy.dp_distributed`):
+"""Accounting of the distributed discrete Gaussian sum (:mod:`fedlib.dp.distributed`):
 its header vocabulary and its (epsilon, delta) by RDP (Kairouz, Liu & Steinke, ICML 2021,
 Prop. 14; the derivation is in that module's docstring).
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from fedlib.privacy.dp_public import NORMALISED_FIELDS
+from fedlib.dp.public import NORMALISED_FIELDS
 
 DISTRIBUTED = "distributed"
 ACCOUNTANT = "rdp-ddg"

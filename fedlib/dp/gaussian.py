@@ -34,8 +34,8 @@ Gaussian mechanism depends only on std / Delta, so the accountant's unit-sensiti
 event with multiplier sigma is exact for any neighbour relation of sensitivity Delta.
 
 Mechanisms that keep public text as the prior and degrade to its mask instead of destroying it
-(normalised statistics, shrinkage, a distributed sum under SecAgg): :mod:`fedlib.privacy.dp_public`
-and :mod:`fedlib.privacy.dp_distributed`.
+(normalised statistics, shrinkage, a distributed sum under SecAgg): :mod:`fedlib.dp.public`
+and :mod:`fedlib.dp.distributed`.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class DPTarget:
         """epsilon = inf means no DP: the plain (unclipped, noiseless) mechanism."""
         return math.isfinite(self.epsilon)
 
-    #: one client's mask (as :class:`fedlib.privacy.dp_public.PublicDP`'s normalised mechanism)
+    #: one client's mask (as :class:`fedlib.dp.public.PublicDP`'s normalised mechanism)
     shared = False
 
     def guarantee(self, layer_names: Iterable[str]) -> DPGuarantee:
@@ -186,7 +186,7 @@ class DPTarget:
         """The DP mask of a client with data ``input_ids``, Wanda as ``pruning`` says, blocks
         ``0..blocks-1``, the noise drawn from ``noise_seed``; ``sink(block, decision)`` gets the masks
         as they are decided (then none are kept: returns {}). The interface of every DP mechanism
-        (:meth:`fedlib.privacy.dp_public.PublicDP.client_masks`)."""
+        (:meth:`fedlib.dp.public.PublicDP.client_masks`)."""
         from fedlib.client import prune_locally
         from fedlib.models import prunable_layers
 

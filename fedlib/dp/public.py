@@ -1,7 +1,7 @@
 """DP Wanda masks that degrade to the public mask (issue 29): per-sample statistics normalised
 by public text's, clipped, noised, and shrunk toward the public prior.
 
-Why. The Gaussian mechanism of :mod:`fedlib.privacy.dp` clips each sample's raw per-channel
+Why. The Gaussian mechanism of :mod:`fedlib.dp.gaussian` clips each sample's raw per-channel
 energy vector, so a few outlier channels use up the clip, and it clamps the noisy sums at 0,
 which prunes whole columns: at any useful ε its masks are far worse than Wanda on public text
 alone. Here the public text is the prior and the private data only corrects it.
@@ -14,13 +14,13 @@ same prior, and the release of a block does not depend on the earlier releases (
 sum needs no round per block: one round in all).
 
 Statistic. For release r (a block input that one or more linears read,
-:func:`fedlib.privacy.dp.input_key`) with public per-token channel energy p_j (Wanda's
+:func:`fedlib.dp.gaussian.input_key`) with public per-token channel energy p_j (Wanda's
 mean x_j^2 on the public text), sample s with T tokens and channel energies v_s[j] gives the
 relative deviation u_s[j] = v_s[j] / (T p_j) - 1, or its coefficients B u_s in a public basis B
 (``basis`` = k rows, :func:`public_basis`). u_s is L2-clipped to C_r = ``clip`` x (the rms norm of
 the public samples' own u), a data-independent scale. u_s is signed: the replace-one sensitivity
 of the sum is 2 C_r (two clipped vectors can point in opposite directions), not sqrt(2) C_r as
-for the non-negative vectors of :mod:`fedlib.privacy.dp`. The noise is N(0, (sigma 2 C_r)^2) per
+for the non-negative vectors of :mod:`fedlib.dp.gaussian`. The noise is N(0, (sigma 2 C_r)^2) per
 coordinate.
 
 Estimate (post-processing; ``estimator`` in ``x_dp``). With n samples, the noisy mean deviation
@@ -62,10 +62,10 @@ signal about 3 % of the noise per coordinate) the fitted prior let a few percent
 through and the mask was 1 % worse than the public one in PTB perplexity.
 
 Accounting: ``releases`` Gaussian mechanisms of noise multiplier sigma (std / sensitivity), PLD
-as in :mod:`fedlib.privacy.dp`; the public text and the public mask are constants. The distributed
+as in :mod:`fedlib.dp.gaussian`; the public text and the public mask are constants. The distributed
 mechanism (the sum of every client's statistic under secure aggregation, each client adding
-1/sqrt(K) of the noise) is in :mod:`fedlib.privacy.dp_distributed` (which imports this module, not
-the reverse; :func:`fedlib.privacy.dp_distributed.public_dp` builds either); both run in :func:`federation_pass`.
+1/sqrt(K) of the noise) is in :mod:`fedlib.dp.distributed` (which imports this module, not
+the reverse; :func:`fedlib.dp.distributed.public_dp` builds either); both run in :func:`federation_pass`.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ from fedlib.client import Pruning, decide_block, resolve_method
 from fedlib.groups import seeded_generator
 from fedlib.methods.base import LayerPruner
 from fedlib.methods.wanda import WandaPruner, wanda_scores
-from fedlib.privacy.dp import (
+from fedlib.dp.gaussian import (
     ACCOUNTANT,
     NEIGHBOURS,
     calibrate_sigma,
