@@ -16,7 +16,7 @@ the discrete Laplace proposal of integer scale t = floor(s) + 1 (Alg. 2) and the
 test (Alg. 3) likewise. So the draws follow the stated distribution exactly, with no
 floating-point rounding an attacker could read (Mironov 2012), given uniform integers, which the
 secret source takes from ``os.urandom``. One draw is a Python loop of a few dozen integer
-operations (``benchmarks/dp_noise.py`` times a release).
+operations (``benchmarks/bench_dp_noise.py`` times a release).
 """
 
 from __future__ import annotations

@@ -28,5 +28,8 @@ def client_masks(
     if blocks is not None and blocks < 1:
         raise ValueError(f"blocks must be >= 1, got {blocks}")
     if dp is not None and dp.enabled:
-        return dp.client_masks(model, input_ids, pruning, noise_seed=dp_noise_seed, blocks=blocks)
+        from fedlib.dp.samplers import NoiseSource
+
+        # the audit's game redraws every mask's noise from its own seed: a simulation
+        return dp.client_masks(model, input_ids, pruning, noise=NoiseSource(dp_noise_seed), blocks=blocks)
     return prune_locally(model, input_ids, pruning, blocks=blocks).masks
