@@ -121,15 +121,18 @@ def calibration_windows(
     if dataset == "c4":
         docs = _doc_slice(c4_documents(data_dir, split), docs_range, "c4 calibration")
         return _windows_from_documents(tokenizer, docs, nsamples, seqlen, rng, "c4")
-    if dataset == "wikitext2":
-        text = "\n\n".join(wikitext2_rows(data_dir, split))
-    else:
-        text = " ".join(ptb_rows(data_dir, split))
-    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    ids = tokenizer(_long_text(dataset, data_dir, split), return_tensors="pt").input_ids[0]
     if ids.numel() <= seqlen:
         raise DataError(f"{dataset}: {ids.numel()} tokens, fewer than one window of {seqlen}")
     starts = [rng.randint(0, ids.numel() - seqlen - 1) for _ in range(nsamples)]
     return torch.stack([ids[s : s + seqlen] for s in starts]).to(torch.int32)
+
+
+def _long_text(dataset: str, data_dir: Path | None, split: str) -> str:
+    """WikiText-2's or PTB's split as the one long text calibration cuts windows from."""
+    if dataset == "wikitext2":
+        return "\n\n".join(wikitext2_rows(data_dir, split))
+    return " ".join(ptb_rows(data_dir, split))
 
 
 def unit_windows(
@@ -161,8 +164,7 @@ def unit_windows(
     if unit == SPAN:
         if dataset == "c4":
             raise DataError("c4 is documents: protect them with unit 'document', not 'span'")
-        text = "\n\n".join(wikitext2_rows(data_dir, split)) if dataset == "wikitext2" else " ".join(ptb_rows(data_dir, split))
-        ids = tokenizer(text, return_tensors="pt").input_ids[0]
+        ids = tokenizer(_long_text(dataset, data_dir, split), return_tensors="pt").input_ids[0]
         count = ids.numel() // seqlen
         if nsamples > count:
             raise DataError(f"{dataset}: {count} disjoint windows of {seqlen} tokens, fewer than {nsamples}")

@@ -146,3 +146,28 @@ def test_ledger_composes_a_pools_releases_and_marks_diagnostics():
     assert composed_epsilon([header, header], 2e-5) == pytest.approx(ledger.epsilon)
     ledger.add_diagnostic("headroom", "exact private channel energies")
     assert math.isinf(ledger.epsilon) and ledger.to_json()["total"]["epsilon"] is None
+
+
+def test_client_data_keeps_units_whole_and_refuses_a_bad_unit_list(tmp_path):
+    from fedlib.cli import main
+    from fedlib.data import load_tokens, save_tokens
+
+    ids = torch.arange(8 * 4).reshape(8, 4)
+    units = [0, 0, 3, 3, 7, 8, 8, 9]
+    pool = tmp_path / "pool.safetensors"
+    save_tokens(pool, ids, dataset="ptb", unit="span", windows_per_unit=2, units=units)
+    owner = {}
+    for client in range(3):
+        out = tmp_path / f"c{client}.safetensors"
+        assert main(["client-data", "--pool", str(pool), "--n-clients", "3", "--client", str(client), "--out",
+                     str(out)]) == 0
+        shard, meta = load_tokens(out)
+        assert meta["unit"] == "span" and meta["windows_per_unit"] == 2
+        assert meta["units"] == [units[r] for r in meta["rows"]]
+        assert torch.equal(shard, ids[meta["rows"]])
+        for u in meta["units"]:
+            assert owner.setdefault(u, client) == client
+    assert sorted(owner) == sorted(set(units))
+    save_tokens(pool, ids, dataset="ptb", unit="span", windows_per_unit=2, units=units[:-1])
+    assert main(["client-data", "--pool", str(pool), "--n-clients", "3", "--client", "0", "--out",
+                 str(tmp_path / "bad.safetensors")]) == 2

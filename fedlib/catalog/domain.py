@@ -284,6 +284,10 @@ class DomainCatalog:
             "membership": {label: self.membership_json(label) for label in self.labels()
                            if not MECHANISMS[label.rsplit("-", 1)[0]].unit},
             "sampling": d["sampling"], "unit": DATASET_UNITS[d["private"]], "windows_per_unit": d["windows_per_unit"],
+            # non-private diagnostics on a pool (target domain_headroom, run apart): the report lists one
+            # in its pool's ledger where its file exists, without making the study wait for it
+            "diagnostics": [{"kind": "private", "seed": self.headroom_setting()[1], "path": self.headroom_json(),
+                             "label": "headroom analysis", "reads": "the clients' exact channel energies"}],
             "membership_sizes": {**d["membership"], "sparsity": self.membership_sparsity()},
         }
 

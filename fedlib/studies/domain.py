@@ -144,7 +144,12 @@ def _pool_ledgers(spec: dict) -> dict[tuple[str, int], Ledger]:
                 for label, header in _guarantees(record).items():
                     ledger.add_release(label, header, [header.get("estimator", "threshold")], [])
             passes.setdefault((kind, int(cell["seed"])), []).append(ledger)
-    return {pool: Ledger.merged(f"{pool[0]} s{pool[1]}", ledgers) for pool, ledgers in passes.items()}
+    pools = {pool: Ledger.merged(f"{pool[0]} s{pool[1]}", ledgers) for pool, ledgers in passes.items()}
+    for diagnostic in spec.get("diagnostics", []):
+        pool = (diagnostic["kind"], int(diagnostic["seed"]))
+        if pool in pools and Path(diagnostic["path"]).is_file():
+            pools[pool].add_diagnostic(diagnostic["label"], diagnostic["reads"])
+    return pools
 
 
 def _row_guarantees(spec: dict) -> dict[tuple[str, float], dict[str, list[dict]]]:
@@ -189,8 +194,11 @@ def domain_table(spec: dict) -> list[Path]:
                 if mechanism:
                     headers = guarantees.get((kind, sparsity), {}).get(row, [])
                     noise = SIMULATION_LABEL if any(h["noise"] == SEEDED for h in headers) else "secret"
-                    totals = [ledgers[kind, seed].dp_epsilon for seed in s["seeds"] if (kind, seed) in ledgers]
-                    pool = f"{max(totals):.1f}" if totals else "-"
+                    pools = [ledgers[kind, seed] for seed in s["seeds"] if (kind, seed) in ledgers]
+                    if any(ledger.diagnostics for ledger in pools):
+                        pool = "∞ (non-private diagnostic)"
+                    elif pools:
+                        pool = f"{max(ledger.dp_epsilon for ledger in pools):.1f}"
                 rows.append([
                     text, f"{sparsity:.0%}", spec["titles"].get(mechanism, ROW_TITLES.get(row, row)), eps, noise, pool,
                     fmt_ppl(s["ppl"]), "-" if row == "public" else _change_cell(s["delta"], s["ci"]),
@@ -295,7 +303,9 @@ def _privacy_lines(spec, guarantees, ledgers) -> list[str]:
         estimators = sum(len(r["estimators"]) for r in ledger.releases)
         lines.append(f"Ledger, {kind} pool of data seed {seed}: {len(ledger.releases)} noisy releases "
                      f"({estimators} estimator masks as post-processing) compose to ε = {ledger.dp_epsilon:.1f} at "
-                     f"δ = {ledger.delta:.1g} (RDP); each row's ε is its own release's.")
+                     f"δ = {ledger.delta:.1g} (RDP); each row's ε is its own release's."
+                     + "".join(f" Non-private diagnostic on this pool: the {d['label']} (reads {d['reads']}; not DP), "
+                               "so the pool has no finite ε in all." for d in ledger.diagnostics))
     clients = spec["clients"]
     seen = {}
     for by_label in guarantees.values():

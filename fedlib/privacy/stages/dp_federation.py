@@ -64,7 +64,8 @@ def release_target(spec: Mapping, clients: int, unit: ProtectedUnit = ProtectedU
         return NormalisedTarget(*common, estimator, unit)
     if mechanism == DISTRIBUTED:
         return DistributedTarget(*common, clients, estimator=estimator, unit=unit)
-    raise ValueError(f"release {spec.get('label')!r}: unknown mechanism {mechanism!r}; known: {NORMALISED}, {DISTRIBUTED}")
+    raise ValueError(f"release {spec.get('label')!r}: unknown mechanism {mechanism!r}; known: {NORMALISED}, "
+                     f"{DISTRIBUTED}")
 
 
 def mask_paths(out_dir: Path, spec: Mapping, clients: int) -> list[Path]:
@@ -123,7 +124,7 @@ def simulate(handle, public_ids: torch.Tensor, clients_ids: Sequence[torch.Tenso
             record["releases"][spec["label"]] = {"guarantee": guarantee.header(), "files": [str(p) for p in paths],
                                                  "noisy_release": first}
         federation_pass(handle, public_ids, clients_ids, pruning, releases)
-        ledger = Ledger(public)
+        ledger = Ledger(tokens_digest(torch.cat(list(clients_ids))))  # the pool: the clients' windows
         for release, writers, owners in files:
             digests = [release_digest(release, owner) for owner in owners]
             for writer, digest in zip(writers, digests):
