@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -80,29 +81,50 @@ def cmd_materialize_model(args) -> None:
 
 
 def cmd_calibration_pool(args) -> None:
-    from fedlib.data import MIXTURE_DATASETS, calibration_split, calibration_windows, mixture_pool, save_tokens
+    from fedlib.data import (
+        MIXTURE_DATASETS,
+        DataError,
+        calibration_split,
+        calibration_windows,
+        mixture_pool,
+        save_tokens,
+        unit_windows,
+    )
     from fedlib.models import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     data_dir = parse_data_dir(args.data_dir)
     docs = tuple(args.c4_docs) if args.c4_docs else None
-    labels = None
-    if args.dataset == "mix":  # the non-IID pool: --nsamples windows from each dataset
+    labels, cut = None, {}
+    if args.unit is not None:  # disjoint windows for a DP release, each window's unit recorded
+        if args.dataset == "mix":
+            raise DataError("--unit: the mix pool draws windows at random offsets; cut one dataset by unit")
+        ids, units = unit_windows(tokenizer, args.dataset, data_dir, args.nsamples, args.seqlen, args.seed, args.unit,
+                                  args.windows_per_unit, docs)
+        cut = {"unit": args.unit, "windows_per_unit": args.windows_per_unit, "units": units}
+        splits = {args.dataset: calibration_split(args.dataset, data_dir)}
+    elif args.dataset == "mix":  # the non-IID pool: --nsamples windows from each dataset
         ids, labels = mixture_pool(tokenizer, data_dir, args.nsamples, args.seqlen, args.seed, c4_docs=docs)
         splits = {d: calibration_split(d, data_dir) for d in MIXTURE_DATASETS}
     else:
         ids = calibration_windows(tokenizer, args.dataset, data_dir, args.nsamples, args.seqlen, args.seed, docs)
         splits = {args.dataset: calibration_split(args.dataset, data_dir)}
     save_tokens(Path(args.out), ids, dataset=args.dataset, seed=args.seed, docs=args.c4_docs,
-                data_dir=str(args.data_dir), labels=labels, splits=splits)
+                data_dir=str(args.data_dir), labels=labels, splits=splits, **cut)
     print(f"wrote {args.out}: {tuple(ids.shape)} tokens from {args.dataset}")
 
 
 def cmd_client_data(args) -> None:
-    from fedlib.data import DataError, dirichlet_partition, iid_partition, load_tokens, save_tokens
+    from fedlib.data import DataError, dirichlet_partition, iid_partition, load_tokens, save_tokens, unit_partition
 
     ids, meta = load_tokens(Path(args.pool))
-    if args.partition == "iid":
+    units = meta.get("units")
+    if units is not None and (not isinstance(units, list) or len(units) != ids.shape[0]
+                              or not all(type(u) is int for u in units)):
+        raise DataError(f"{args.pool}: field 'units': expected one integer per window ({ids.shape[0]})")
+    if args.partition == "iid" and units is not None:  # a pool cut for DP: whole units to one client
+        parts = unit_partition(units, args.n_clients, args.seed)
+    elif args.partition == "iid":
         parts = iid_partition(ids.shape[0], args.n_clients, args.seed)
     elif args.partition.startswith("dir"):  # dir<alpha>: Dirichlet(alpha) over the pool's sources
         if not meta.get("labels"):
@@ -113,9 +135,23 @@ def cmd_client_data(args) -> None:
     if not 0 <= args.client < args.n_clients:
         raise ValueError(f"--client must be in 0..{args.n_clients - 1}, got {args.client}")
     rows = parts[args.client]
+    if units is not None:
+        meta["units"] = [units[r] for r in rows]
     save_tokens(Path(args.out), ids[rows], pool=str(args.pool), rows=rows,
                 client=args.client, n_clients=args.n_clients, partition=args.partition, **meta)
     print(f"wrote {args.out}: client {args.client} has samples {rows}")
+
+
+def _dp_unit(args, tokens):
+    """The unit a site's DP release protects: ``--dp-unit client``, or the unit its calibration
+    files' windows were cut by (refused when they were drawn at random offsets)."""
+    from fedlib.dp.unit import ProtectedUnit, common_unit, unit_of_tokens
+
+    if args.dp_epsilon is None or not math.isfinite(args.dp_epsilon):
+        return None
+    if args.dp_unit is not None:
+        return ProtectedUnit(args.dp_unit)
+    return common_unit(unit_of_tokens(meta, path) for path, _, meta in tokens)
 
 
 def cmd_client_mask(args) -> None:
@@ -127,16 +163,18 @@ def cmd_client_mask(args) -> None:
                          "give their token file(s)")
     start = time.perf_counter()
     handle, placement = open_placed(args)
-    ids = None
+    ids, tokens = None, []
     if args.calib:  # several files: calibrate on their union (a public + private mix)
         import torch
 
-        ids = torch.cat([load_tokens(Path(path))[0] for path in args.calib])
+        tokens = [(path, *load_tokens(Path(path))) for path in args.calib]
+        ids = torch.cat([t for _, t, _ in tokens])
     opened = time.perf_counter()
     blocks = write_client_mask(
         handle, ids, Path(args.out), pruning_from_args(args, placement), client_id=args.client_id,
         format_version=args.format_version, round_index=args.round, global_masks=args.previous_global,
-        scale=args.scale, dp=dp_target_from_args(args), dp_noise_seed=args.dp_noise_seed, dtype=args.dtype)
+        scale=args.scale, dp=dp_target_from_args(args, _dp_unit(args, tokens)), dp_noise_seed=args.dp_noise_seed,
+        allow_seeded_noise=args.dp_allow_seeded_noise, dtype=args.dtype)
     done = time.perf_counter()
     device_peak = ""
     if placement.device.type == "cuda":
@@ -484,6 +522,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seqlen", type=int, required=True, help="tokens per window")
     p.add_argument("--seed", type=int, default=0, help="the draw's seed")
     add_c4_docs_argument(p, "C4 documents to draw from (default: all)")
+    p.add_argument("--unit", choices=["document", "span"],
+                   help="cut the windows for a DP release (fedlib.dp.unit): disjoint, at most --windows-per-unit "
+                        "per document (C4, WikiText-2 articles) or span (PTB); default: random offsets, with "
+                        "replacement (Wanda's sampling; refused by a DP release)")
+    p.add_argument("--windows-per-unit", type=int, default=1, help="k: the most windows one unit contributes")
     p.add_argument("--out", required=True, help="the token file to write")
 
     p = verb("client-mask", cmd_client_mask, "compute this client's pruning mask file on its private data", SITE)

@@ -152,7 +152,7 @@ def add_placement_arguments(p) -> None:
 
 
 def add_dp_arguments(p, noise_seed: bool = True) -> None:
-    """The DP client mechanism's budget (:mod:`fedlib.privacy.dp`)."""
+    """The DP client mechanism's budget (:mod:`fedlib.dp.gaussian`)."""
     p.add_argument("--dp-epsilon", type=float,
                    help="sample-level (replace-one) DP: clip per-sample Wanda statistics and add Gaussian noise "
                         "calibrated to this epsilon over all blocks (PLD accountant); inf = no DP. Wanda only")
@@ -162,9 +162,9 @@ def add_dp_arguments(p, noise_seed: bool = True) -> None:
                         "distributed: on its deviation from the public text's, as a multiple of the public samples' "
                         "own (rms) deviation")
     p.add_argument("--dp-mechanism", default="gaussian", choices=["gaussian", "normalised", "distributed"],
-                   help="gaussian: raw statistics, clamped (fedlib.privacy.dp); normalised: deviations from the public "
+                   help="gaussian: raw statistics, clamped (fedlib.dp.gaussian); normalised: deviations from the public "
                         "text's statistics through the public mask's prefix, shrunk toward them (--dp-estimator; degrades to the public "
-                        "mask; fedlib.privacy.dp_public); distributed: their secure sum over --dp-clients clients "
+                        "mask; fedlib.dp.public); distributed: their secure sum over --dp-clients clients "
                         "(audits only: fedlib privacy dp-federation simulates a federation)")
     p.add_argument("--dp-public", help="normalised/distributed: the public text (token file) the statistics are "
                                        "normalised by and the public mask is computed on")
@@ -178,21 +178,32 @@ def add_dp_arguments(p, noise_seed: bool = True) -> None:
                         "(the public mask bit for bit where nothing stands out); posterior takes each one's posterior "
                         "mean under the prior fitted to them (keeps more of a domain's gain)")
     if noise_seed:
+        p.add_argument("--dp-unit", choices=["client", "window"],
+                       help="client: protect this client's whole contribution, its windows' mean deviation clipped "
+                            "once (normalised); window: one calibration window, however the windows were drawn (a "
+                            "simulation's or audit's unit: needs --dp-allow-seeded-noise). Default: the unit the "
+                            "calibration file's windows were cut by, document or span (fedlib calibration-pool --unit)")
         p.add_argument("--dp-noise-seed", type=int,
-                       help="the DP noise's seed: a secret, never written to the mask file (whoever knows it can "
-                            "remove the noise); default: fresh OS randomness. Give it only to reproduce a run")
+                       help="seed the DP noise (a simulation: whoever knows the seed can subtract the noise, so the "
+                            "mask is not private; x_dp says noise 'seeded'). Needs --dp-allow-seeded-noise; "
+                            "default: the OS's cryptographic generator")
+        p.add_argument("--dp-allow-seeded-noise", action="store_true",
+                       help="accept --dp-noise-seed (a simulation or test, never a site's release)")
 
 
-def dp_target_from_args(args):
-    """``--dp-*`` as a :class:`fedlib.privacy.dp.DPTarget` (the Gaussian mechanism) or a
-    :class:`fedlib.privacy.dp_public.PublicDP` (``--dp-mechanism normalised|distributed``), or None
-    without ``--dp-epsilon`` (``inf`` = the plain Gaussian path, recorded as no DP)."""
+def dp_target_from_args(args, unit=None):
+    """``--dp-*`` as a :class:`fedlib.dp.gaussian.DPTarget` (the Gaussian mechanism) or a
+    :class:`fedlib.dp.public.PublicDP` (``--dp-mechanism normalised|distributed``), or None
+    without ``--dp-epsilon`` (``inf`` = the plain Gaussian path, recorded as no DP). ``unit``:
+    the protected unit (:class:`fedlib.dp.unit.ProtectedUnit`; None: one window, the audit's game)."""
     prior_options = {"--dp-public": args.dp_public, "--dp-basis": args.dp_basis, "--dp-clients": args.dp_clients,
                      "--dp-estimator": args.dp_estimator}
     if args.dp_epsilon is None:
         if (args.dp_delta is not None or args.dp_clip is not None or getattr(args, "dp_noise_seed", None) is not None
+                or getattr(args, "dp_unit", None) is not None or getattr(args, "dp_allow_seeded_noise", False)
                 or args.dp_mechanism != "gaussian" or any(v is not None for v in prior_options.values())):
-            raise ValueError("--dp-delta, --dp-clip, --dp-noise-seed, --dp-mechanism and its options need --dp-epsilon")
+            raise ValueError("--dp-delta, --dp-clip, --dp-unit, --dp-noise-seed, --dp-mechanism and their options need "
+                             "--dp-epsilon")
         return None
     if args.dp_delta is None or args.dp_clip is None:
         raise ValueError("--dp-epsilon needs --dp-delta and --dp-clip")
@@ -200,13 +211,16 @@ def dp_target_from_args(args):
         given = [flag for flag, value in prior_options.items() if value is not None]
         if given:
             raise ValueError(f"{', '.join(given)}: options of --dp-mechanism normalised or distributed")
-        from fedlib.privacy.dp import DPTarget
+        from fedlib.dp.gaussian import DPTarget
+        from fedlib.dp.unit import ProtectedUnit
 
-        return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip)
+        return DPTarget(args.dp_epsilon, args.dp_delta, args.dp_clip, unit or ProtectedUnit())
     from fedlib.data import load_tokens
-    from fedlib.privacy.dp_distributed import public_dp
+    from fedlib.dp.distributed import public_dp
+    from fedlib.dp.unit import ProtectedUnit
 
     if args.dp_public is None:
         raise ValueError(f"--dp-mechanism {args.dp_mechanism} needs --dp-public (the public text's token file)")
     return public_dp(args.dp_mechanism, args.dp_epsilon, args.dp_delta, args.dp_clip, args.dp_basis or 0,
-                     args.dp_clients, load_tokens(Path(args.dp_public))[0], args.dp_estimator or "threshold")
+                     args.dp_clients, load_tokens(Path(args.dp_public))[0], args.dp_estimator or "threshold",
+                     unit or ProtectedUnit())

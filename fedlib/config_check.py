@@ -345,6 +345,10 @@ def _check_domain(cfg: dict, workdir: Path, problems: _Problems) -> None:
     if largest >= m["population"]:
         problems.add("domain.membership.population", m["population"], f"more than {largest} (the largest audited "
                      "data set: domain.samples, times domain.clients for the distributed mechanism)")
+    if d["mechanisms"] and d["sampling"] != "disjoint":
+        problems.add("domain.sampling", d["sampling"], "disjoint (windows cut by document or span) while "
+                     "domain.mechanisms has DP rows", "random offsets with replacement put a token in several windows "
+                     "of one release: a sentence in m windows is protected at about m times the budget")
     if "distributed" in d["mechanisms"] and d["clients"] < 2:
         problems.add("domain.clients", d["clients"], "at least 2 (the distributed mechanism splits the noise over them)")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -120,15 +121,86 @@ def calibration_windows(
     if dataset == "c4":
         docs = _doc_slice(c4_documents(data_dir, split), docs_range, "c4 calibration")
         return _windows_from_documents(tokenizer, docs, nsamples, seqlen, rng, "c4")
-    if dataset == "wikitext2":
-        text = "\n\n".join(wikitext2_rows(data_dir, split))
-    else:
-        text = " ".join(ptb_rows(data_dir, split))
-    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    ids = tokenizer(_long_text(dataset, data_dir, split), return_tensors="pt").input_ids[0]
     if ids.numel() <= seqlen:
         raise DataError(f"{dataset}: {ids.numel()} tokens, fewer than one window of {seqlen}")
     starts = [rng.randint(0, ids.numel() - seqlen - 1) for _ in range(nsamples)]
     return torch.stack([ids[s : s + seqlen] for s in starts]).to(torch.int32)
+
+
+def _long_text(dataset: str, data_dir: Path | None, split: str) -> str:
+    """WikiText-2's or PTB's split as the one long text calibration cuts windows from."""
+    if dataset == "wikitext2":
+        return "\n\n".join(wikitext2_rows(data_dir, split))
+    return " ".join(ptb_rows(data_dir, split))
+
+
+def unit_windows(
+    tokenizer,
+    dataset: str,
+    data_dir: Path | None,
+    nsamples: int,
+    seqlen: int,
+    seed: int,
+    unit: str,
+    windows_per_unit: int,
+    docs_range: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, list[int]]:
+    """``nsamples`` windows of ``seqlen`` tokens cut for a DP release (:mod:`fedlib.dp.unit`):
+    no token in two windows, and at most ``windows_per_unit`` windows of one unit. Returns the
+    windows and each one's unit (an index into the units of the text).
+
+    ``document`` (C4 documents; WikiText-2 articles, split at their `` = Title = `` headings):
+    documents in a seeded random order, each cut into its disjoint windows, of which up to
+    ``windows_per_unit`` are drawn. ``span`` (PTB, WikiText-2 as one text): the text cut into
+    disjoint windows, spans of ``windows_per_unit`` consecutive ones, ``nsamples`` windows
+    drawn without replacement."""
+    from fedlib.dp.unit import DOCUMENT, SPAN
+
+    rng = random.Random(seed)
+    if windows_per_unit < 1:
+        raise DataError(f"windows per unit must be >= 1, got {windows_per_unit}")
+    split = "train" if data_dir is None else CALIBRATION_SPLIT[dataset]
+    if unit == SPAN:
+        if dataset == "c4":
+            raise DataError("c4 is documents: protect them with unit 'document', not 'span'")
+        ids = tokenizer(_long_text(dataset, data_dir, split), return_tensors="pt").input_ids[0]
+        count = ids.numel() // seqlen
+        if nsamples > count:
+            raise DataError(f"{dataset}: {count} disjoint windows of {seqlen} tokens, fewer than {nsamples}")
+        picks = rng.sample(range(count), nsamples)
+        return (torch.stack([ids[w * seqlen:(w + 1) * seqlen] for w in picks]).to(torch.int32),
+                [w // windows_per_unit for w in picks])
+    if unit != DOCUMENT:
+        raise DataError(f"unit {unit!r}: a text is cut by 'document' or 'span'")
+    if dataset == "c4":
+        docs = _doc_slice(c4_documents(data_dir, split), docs_range, "c4 calibration")
+    elif dataset == "wikitext2":
+        docs = wikitext2_articles(wikitext2_rows(data_dir, split))
+    else:
+        raise DataError(f"{dataset} has no documents: protect disjoint spans of it (unit 'span')")
+    windows, units = [], []
+    for index in rng.sample(range(len(docs)), len(docs)):
+        ids = tokenizer(docs[index], return_tensors="pt").input_ids[0]
+        count = ids.numel() // seqlen
+        for w in rng.sample(range(count), min(count, windows_per_unit, nsamples - len(windows))):
+            windows.append(ids[w * seqlen:(w + 1) * seqlen])
+            units.append(index)
+        if len(windows) == nsamples:
+            return torch.stack(windows).to(torch.int32), units
+    raise DataError(f"{dataset}: {len(docs)} documents give {len(windows)} disjoint windows of {seqlen} tokens at "
+                    f"{windows_per_unit} per document, fewer than {nsamples}")
+
+
+def wikitext2_articles(rows: list[str]) -> list[str]:
+    """WikiText-2's articles: the rows from one top-level `` = Title = `` heading to the next,
+    joined as :func:`calibration_windows` joins the whole text."""
+    articles: list[list[str]] = []
+    for row in rows:
+        if re.fullmatch(r" = [^=].* = \n?", row) or not articles:
+            articles.append([])
+        articles[-1].append(row)
+    return ["\n\n".join(article) for article in articles]
 
 
 def _windows_from_documents(tokenizer, docs, nsamples, seqlen, rng, what) -> torch.Tensor:
@@ -196,6 +268,17 @@ def evaluation_windows(
 
 
 # --------------------------------------------------------------------------- partitions
+
+
+def unit_partition(units: list[int], n_clients: int, seed: int) -> list[list[int]]:
+    """Rows of a pool cut by unit (:func:`unit_windows`) over clients, whole units IID: one
+    unit's windows go to one client, so no unit is in two clients' releases."""
+    distinct = list(dict.fromkeys(units))
+    owner = {}
+    for client, members in enumerate(iid_partition(len(distinct), n_clients, seed)):
+        for i in members:
+            owner[distinct[i]] = client
+    return [[row for row, u in enumerate(units) if owner[u] == client] for client in range(n_clients)]
 
 
 def iid_partition(n_items: int, n_clients: int, seed: int) -> list[list[int]]:

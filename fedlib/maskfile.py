@@ -446,6 +446,14 @@ def _one_of(*choices: str):
     return check
 
 
+def _release_digest(text: str) -> str:
+    """``sha256:<64 hex digits>``: the noisy sums a DP mask was estimated from
+    (:func:`fedlib.dp.public.release_digest`)."""
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", text):
+        raise ValueError(f"expected sha256:<64 hex digits> (the noisy sums' digest), got {_show(text)}")
+    return text
+
+
 def _sha256(text: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{64}", text):
         raise ValueError(f"expected a sha256 in 64 lowercase hex digits, got {_show(text)}")
@@ -478,51 +486,58 @@ def _layers(text: str) -> list[dict]:
 
 def _dp_guarantee(value):
     """A DP client's ``x_dp``: exactly the fields of its mechanism in order (the Gaussian one of
-    :class:`fedlib.privacy.dp.DPGuarantee` names none; :mod:`fedlib.privacy.dp_public` and
-    :mod:`fedlib.privacy.dp_distributed` name theirs), each of its type and range (``releases``
+    :class:`fedlib.dp.gaussian.DPGuarantee` names none; :mod:`fedlib.dp.public` and
+    :mod:`fedlib.dp.distributed` name theirs), each of its type and range (``releases``
     and the accounting are checked against the layers later)."""
-    from fedlib.privacy import ddg_accounting, dp, dp_public
+    from fedlib.dp import accountant, gaussian, public, samplers, unit
 
     if not isinstance(value, dict):
         raise ValueError(f"expected a JSON object (the mechanism's guarantee), got {_show(value)}")
     mechanism = value.get("mechanism")
-    fields = {None: dp.GUARANTEE_FIELDS, dp_public.NORMALISED: dp_public.NORMALISED_FIELDS,
-              ddg_accounting.DISTRIBUTED: ddg_accounting.DISTRIBUTED_FIELDS}.get(mechanism)
+    fields = {None: gaussian.GUARANTEE_FIELDS, public.NORMALISED: public.NORMALISED_FIELDS,
+              accountant.DISTRIBUTED: accountant.DISTRIBUTED_FIELDS}.get(mechanism)
     if fields is None:
-        raise ValueError(f"mechanism: expected {dp_public.NORMALISED!r} or {ddg_accounting.DISTRIBUTED!r} (or none: "
+        raise ValueError(f"mechanism: expected {public.NORMALISED!r} or {accountant.DISTRIBUTED!r} (or none: "
                          f"the Gaussian mechanism), got {_show(mechanism)}")
-    # files written before x_dp named its estimator used the threshold (the only one then)
-    legacy = tuple(f for f in fields if f != "estimator")
-    if tuple(value) not in (fields, legacy):
+    # files written before x_dp named its unit and noise source (one window; seeded in the studies),
+    # and before that its estimator (the threshold, the only one then)
+    before_unit = tuple(f for f in fields if f not in gaussian.RELEASE_FIELDS)
+    legacy = (before_unit, tuple(f for f in before_unit if f != "estimator"))
+    if tuple(value) not in (fields, *legacy):
         raise ValueError(f"expected a JSON object with exactly the keys {list(fields)} in that order, "
                          f"got {_show(list(value))}")
     positive = (lambda v: type(v) is float and 0 < v, "a positive finite float")
     count = (lambda v: type(v) is int and 1 <= v <= MAX_DIMENSION, f"an integer in 1..{MAX_DIMENSION}")
-    accountant = ddg_accounting.ACCOUNTANT if mechanism == ddg_accounting.DISTRIBUTED else dp.ACCOUNTANT
+    named_accountant = accountant.ACCOUNTANT if mechanism == accountant.DISTRIBUTED else gaussian.ACCOUNTANT
     checks = {  # key -> (check, what is expected)
         "epsilon": positive,
         "delta": (lambda v: type(v) is float and 0 < v < 1, "a float in (0, 1)"),
         "clip": positive,
         "sigma": positive,
-        "accountant": (lambda v: v == accountant, repr(accountant)),
-        "neighbours": (lambda v: v == dp.NEIGHBOURS, repr(dp.NEIGHBOURS)),
+        "accountant": (lambda v: v == named_accountant, repr(named_accountant)),
+        "neighbours": (lambda v: v == gaussian.NEIGHBOURS, repr(gaussian.NEIGHBOURS)),
         "releases": count,
+        "unit": (lambda v: v in unit.UNITS, " or ".join(map(repr, unit.UNITS))),
+        "windows_per_unit": (lambda v: type(v) is int and 1 <= v <= MAX_DIMENSION
+                             and (v == 1 or value.get("unit") in unit.TEXT_UNITS),
+                             f"an integer in 1..{MAX_DIMENSION} (1 for a client or window unit)"),
+        "noise": (lambda v: v in samplers.NOISE_MODES, " or ".join(map(repr, samplers.NOISE_MODES))),
     }
     if mechanism is not None:
         checks.update({
             "basis": (lambda v: type(v) is int and 0 <= v <= MAX_DIMENSION, f"an integer in 0..{MAX_DIMENSION}"),
             # a signed (centred) statistic moves by up to 2 clip when one sample is replaced
-            "sensitivity": (lambda v: v == dp_public.SIGNED_SENSITIVITY,
-                            f"{dp_public.SIGNED_SENSITIVITY} (x clip: the statistic is signed)"),
+            "sensitivity": (lambda v: v == public.SIGNED_SENSITIVITY * value.get("windows_per_unit", 1),
+                            f"{public.SIGNED_SENSITIVITY} x windows_per_unit (x clip: the statistic is signed)"),
             "public": (lambda v: isinstance(v, str) and re.fullmatch(r"\d+x\d+:sha256:[0-9a-f]{64}", v) is not None,
                        "<windows>x<tokens>:sha256:<64 hex digits> (the public text)"),
         })
-    if mechanism == ddg_accounting.DISTRIBUTED:
+    if mechanism == accountant.DISTRIBUTED:
         checks.update({"clients": count, "grid": count})
     if "estimator" in value:
-        checks["estimator"] = (lambda v: v in dp_public.ESTIMATORS, " or ".join(map(repr, dp_public.ESTIMATORS)))
+        checks["estimator"] = (lambda v: v in public.ESTIMATORS, " or ".join(map(repr, public.ESTIMATORS)))
     for key, (check, expected) in checks.items():
-        if not check(value[key]):
+        if key in value and not check(value[key]):
             raise ValueError(f"{key}: expected {expected}, got {_show(value[key])}")
     return value
 
@@ -539,7 +554,7 @@ _PARSE = {
 #: the ``x_`` metadata each kind of file carries, by (role, payload): (always, optional), and how
 #: each value is checked. Client masks: ``fedlib client-mask`` records the method's options and the
 #: compute dtype (other writers, e.g. the simulations' tests, record neither), a DP client its
-#: guarantee (:mod:`fedlib.privacy.dp`). Global masks: the
+#: guarantee (:mod:`fedlib.dp.gaussian`). Global masks: the
 #: randomized-response defence records its epsilon and what its votes are; the robust server
 #: (:mod:`fedlib.server.robust`) its rule and the clients whose votes it did not count. Weight files
 #: (:mod:`fedlib.weightfile`): payload, weight dtype and round; a global one also the blocks no
@@ -547,7 +562,7 @@ _PARSE = {
 #: round (``flower/``) names the federation's clients whose upload it lacks (``absent_clients``: no
 #: answer by the round's deadline, or refused).
 EXTRAS = {
-    ("client", "mask"): ((), ("method_options", "dtype", "dp")),
+    ("client", "mask"): ((), ("method_options", "dtype", "dp", "dp_release")),
     ("global", "mask"): ((), ("rr_epsilon_per_bit", "votes", "robust", "excluded_clients", "absent_clients")),
     ("client", PAYLOAD): (("payload", "weight_dtype", "round"), ()),
     ("global", PAYLOAD): (("payload", "weight_dtype", "round", "uncovered_blocks"), ("rounding", "absent_clients")),
@@ -568,6 +583,7 @@ _PARSE_EXTRA = {
     "uncovered_blocks": lambda t: _canonical_json(t, _block_list),
     "rounding": _one_of(*ROUNDINGS),
     "dp": lambda t: _canonical_json(t, _dp_guarantee, separators=(",", ":")),
+    "dp_release": lambda t: _release_digest(t),
 }
 
 
@@ -703,9 +719,11 @@ def _check_method(header: MaskHeader) -> None:
     if method is not None and header.payload == "mask" and header.allocation != METHODS[method].allocation:
         raise MaskFileError(path, "allocation", f"{method} allocates {METHODS[method].allocation}ly, "
                                                 f"the file claims {header.allocation!r}")
+    if "dp_release" in header.extra and "dp" not in header.extra:
+        raise MaskFileError(path, "x_dp_release", "a release digest without the guarantee it belongs to (x_dp)")
     if "dp" in header.extra:
-        from fedlib.privacy.dp import count_releases, gaussian_delta
-        from fedlib.privacy.ddg_accounting import DISTRIBUTED, rdp_epsilon
+        from fedlib.dp.gaussian import count_releases, gaussian_delta
+        from fedlib.dp.accountant import DISTRIBUTED, rdp_epsilon
 
         if header.method != "wanda" or json.loads(header.extra.get("method_options", "{}")):
             raise MaskFileError(path, "x_dp", f"DP masks are plain Wanda's, the file's method is {header.method!r} "

@@ -13,7 +13,7 @@ The arguments import nothing heavy: the handlers import their stage
     fedlib privacy inversion    --model M --texts T16.safetensors ... --out X.json
     fedlib privacy inversion-client --model M --mask CLIENT.mask.safetensors --shard S.safetensors --prior NAME=P.safetensors ... --out X.json
     fedlib privacy rr-aggregate --model M --epsilon E --server-group layer --out G.mask.safetensors --record X.json MASKS...
-    fedlib privacy dp-federation --model M --public P.safetensors --calib C0 C1 ... --releases JSON --noise-seed S --out-dir D --record X.json
+    fedlib privacy dp-federation --model M --public P.safetensors --calib C0 C1 ... --releases JSON [--noise-seed S] --out-dir D --record X.json
     fedlib privacy dp-headroom  --model M --public P --calib C0 C1 ... --windows W --variants JSON --out X.json
     fedlib privacy headroom-report --headroom X.json --public-eval E --central-eval E --out R.md
     fedlib privacy report       --spec JSON
@@ -276,9 +276,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _dp_federation_args(p)
     p.add_argument("--releases", required=True, help='JSON list of {"label", "mechanism" (normalised or distributed), '
                                                      '"epsilon", "delta", "clip", "basis", "estimator" '
-                                                     '(threshold or posterior; default threshold)}')
-    p.add_argument("--noise-seed", type=int, required=True,
-                   help="the simulation's stand-in for the clients' secret noise seeds (each derived from it)")
+                                                     '(threshold or posterior; default threshold), "unit" '
+                                                     '("client": each client\'s contribution clipped once; default: '
+                                                     'the clients\' token files\' unit)}')
+    p.add_argument("--noise-seed", type=int,
+                   help="seed the noise (a simulation: x_dp noise 'seeded', reported as not private); default: the "
+                        "OS's cryptographic generator")
     p.add_argument("--out-dir", required=True, help="writes <label>/client_<i>.mask.safetensors or "
                                                     "<label>/secagg.mask.safetensors")
     p.add_argument("--record", required=True, help="JSON: the guarantees, files and the pass's time")
@@ -446,8 +449,13 @@ def _dp_federation_inputs(args):
 def _cmd_dp_federation(args) -> None:
     from fedlib.privacy.stages.dp_federation import simulate
 
+    from fedlib.data import load_tokens
+    from fedlib.dp.unit import common_unit, unit_of_tokens
+
     model, pruning, public, clients = _dp_federation_inputs(args)
-    record = simulate(model, public, clients, json.loads(args.releases), Path(args.out_dir), pruning, args.noise_seed)
+    unit = common_unit(unit_of_tokens(load_tokens(Path(path))[1], path) for path in args.clients)
+    record = simulate(model, public, clients, json.loads(args.releases), Path(args.out_dir), pruning, args.noise_seed,
+                      unit)
     _write_json(args.record, record)
     print(f"wrote {len(record['releases'])} releases in {record['seconds']:.1f}s")
 
@@ -456,7 +464,7 @@ def _cmd_dp_headroom(args) -> None:
     from fedlib.data import load_tokens
     from fedlib.models import open_model, prunable_layers
     from fedlib.privacy.dp_headroom import headroom, variants_from_spec
-    from fedlib.privacy.dp_public import tokens_digest
+    from fedlib.dp.public import tokens_digest
     from fedlib.runner import Placement
 
     model, pruning, public, clients = _dp_federation_inputs(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,13 +31,16 @@ def write_client_mask(
     scale: bool = False,
     dp=None,
     dp_noise_seed: int | None = None,
+    allow_seeded_noise: bool = False,
     dtype: str = "float32",
 ) -> int:
     """Write this client's mask file ``out``, pruned as ``pruning`` says: every block (one-shot),
     or block ``round_index`` only (a round of iterative FedPrLLM: its input goes through the
     server's ``global_masks`` file of the earlier blocks, scaled with ``scale``). ``dp`` (a
-    :class:`fedlib.privacy.dp.DPTarget` or :class:`fedlib.privacy.dp_public.PublicDP`) makes it a
-    DP Wanda mask. Returns the blocks computed."""
+    :class:`fedlib.dp.gaussian.DPTarget` or :class:`fedlib.dp.public.PublicDP`) makes it a
+    DP Wanda mask: its noise from the OS's cryptographic generator, or, only with
+    ``allow_seeded_noise``, from ``dp_noise_seed`` (a simulation, not private: x_dp says so).
+    Returns the blocks computed."""
     from fedlib.client import prune_locally
     from fedlib.maskcode import MagnitudeReference
     from fedlib.maskfile import MaskWriter
@@ -51,18 +55,26 @@ def write_client_mask(
         raise ValueError("--previous-global and --scale belong to a round of iterative FedPrLLM (give --round)")
     method = pruning.method  # the registered name the file records (DP computes with its own class)
     extra = {"method_options": json.dumps(pruning.options), "dtype": dtype}
-    mechanism = None  # a DP client's (fedlib.privacy.dp.DPTarget or fedlib.privacy.dp_public.PublicDP)
+    mechanism = None  # a DP client's (fedlib.dp.gaussian.DPTarget or fedlib.dp.public.PublicDP)
     if dp is not None and dp.enabled:
-        from fedlib.privacy.dp import fresh_noise_seed
+        from fedlib.dp.samplers import NoiseSource
+        from fedlib.dp.unit import WINDOW
 
         if round_index is not None or pruning.options:
             raise ValueError("--dp-epsilon: DP masks are one-shot Wanda without method options (no --round: "
                              "composition over rounds is not accounted)")
-        noise_seed = fresh_noise_seed() if dp_noise_seed is None else dp_noise_seed
+        if dp_noise_seed is not None and not allow_seeded_noise:
+            raise ValueError("--dp-noise-seed: whoever knows the seed can subtract the noise, so the mask would not "
+                             "be private; a simulation adds --dp-allow-seeded-noise (x_dp then says noise 'seeded')")
+        if dp.unit.kind == WINDOW and not allow_seeded_noise:
+            raise ValueError("--dp-epsilon: a site's release protects a document, a span or the client (calibration "
+                             "windows cut by fedlib calibration-pool --unit, or --dp-unit client); one window is a "
+                             "simulation's unit (--dp-allow-seeded-noise)")
+        noise = NoiseSource(dp_noise_seed)
         if dp.shared:
             raise ValueError("--dp-mechanism distributed is the federation's secure sum, not one client's mask "
                              "(fedlib privacy dp-federation simulates it)")
-        mechanism, guarantee = dp, dp.guarantee([info.name for info in layers])
+        mechanism, guarantee = dp, replace(dp.guarantee([info.name for info in layers]), noise=noise.mode)
         extra["dp"] = guarantee.header()
         print(f"DP: {guarantee.header()}")
     with MaskWriter(
@@ -72,7 +84,7 @@ def write_client_mask(
         format_version=format_version, reference=MagnitudeReference.of_model(handle) if format_version == 2 else None,
     ) as writer:
         if mechanism is not None:
-            mechanism.client_masks(handle, ids, pruning, noise_seed=noise_seed,
+            mechanism.client_masks(handle, ids, pruning, noise=noise,
                                    sink=lambda _b, decision: [writer.add(n, m) for n, m in decision.masks.items()])
             return handle.n_blocks
         if round_index is None:

@@ -532,6 +532,8 @@ def test_privacy_dp_epsilons_are_distinct_and_finite():
     ("domain.control_docs", [25, 70], "a range within the 60 documents of", None),
     ("domain.detail_sparsities", [0.7], "a subset of domain.sparsities = [0.5]", None),
     ("domain.membership.population", 4, "more than 4 (the largest audited data set", None),
+    ("domain.sampling", "random", "disjoint (windows cut by document or span) while domain.mechanisms has DP rows",
+     "random offsets with replacement put a token in several windows"),
 ])
 def test_domain_texts_and_sizes(key, value, allowed, why):
     """The public text is never an evaluation set (the message names the overlap), nor the

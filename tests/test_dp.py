@@ -1,4 +1,4 @@
-"""The DP client mechanism (fedlib.privacy.dp): accounting checked against the analytic Gaussian
+"""The DP client mechanism (fedlib.dp.gaussian): accounting checked against the analytic Gaussian
 mechanism, clipping against brute force, the no-DP path bit for bit, seeded noise, the mask
 file's guarantee, and the membership attack's audited epsilon against the proven one."""
 
@@ -13,7 +13,8 @@ from scipy import optimize, stats
 
 from fedlib.client import Pruning, prune_locally
 from fedlib.maskfile import MaskFileError, read_header
-from fedlib.privacy.dp import (
+from fedlib.dp.samplers import NoiseSource
+from fedlib.dp.gaussian import (
     DPTarget,
     calibrate_sigma,
     clipped_sample_sum,
@@ -88,7 +89,7 @@ def test_clipping_bounds_one_sample_by_brute_force():
 
 def _dp_masks(model, ids, epsilon, seed=0, clip=1.0):
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n]
-    method, guarantee = dp_method("wanda", DPTarget(epsilon, 1e-5, clip), names, noise_seed=seed)
+    method, guarantee = dp_method("wanda", DPTarget(epsilon, 1e-5, clip), names, NoiseSource(seed))
     return prune_locally(model, ids, Pruning(method, 0.5, "row", 0)).masks, guarantee
 
 
@@ -116,7 +117,8 @@ def test_cli_records_the_guarantee_and_inf_is_byte_identical(tiny_model_dir, tmp
     from fedlib.data import save_tokens
 
     calib = tmp_path / "calib.safetensors"
-    save_tokens(calib, torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0)), dataset="test")
+    save_tokens(calib, torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0)), dataset="test",
+                unit="span", windows_per_unit=1)
     base = ["client-mask", "--model", str(tiny_model_dir), "--calib", str(calib), "--sparsity", "0.5"]
     main(base + ["--out", str(tmp_path / "plain.safetensors")])
     main(base + ["--dp-epsilon", "inf", "--dp-delta", "1e-5", "--dp-clip", "1", "--out", str(tmp_path / "inf.safetensors")])
@@ -141,7 +143,8 @@ def test_reader_refuses_a_guarantee_out_of_range(tiny_model_dir, tmp_path):
     from fedlib.maskfile import MaskFile, write_mask_file
 
     calib = tmp_path / "calib.safetensors"
-    save_tokens(calib, torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0)), dataset="test")
+    save_tokens(calib, torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0)), dataset="test",
+                unit="span", windows_per_unit=1)
     good = tmp_path / "dp.safetensors"
     main(["client-mask", "--model", str(tiny_model_dir), "--calib", str(calib), "--dp-epsilon", "2",
           "--dp-delta", "1e-5", "--dp-clip", "1", "--out", str(good)])
@@ -193,7 +196,8 @@ def test_dp_report_checks_audited_against_proven(tiny_model_dir, tmp_path):
     from fedlib.data import save_tokens
 
     calib, pop = tmp_path / "calib.safetensors", tmp_path / "pop.safetensors"
-    save_tokens(calib, torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0)), dataset="test")
+    save_tokens(calib, torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0)), dataset="test",
+                unit="span", windows_per_unit=1)
     save_tokens(pop, torch.randint(0, 100, (24, 8), generator=torch.Generator().manual_seed(1)), dataset="test")
     model = ["--model", str(tiny_model_dir)]
     settings = {}
@@ -235,7 +239,8 @@ def test_dp_utility_table_against_its_inputs(tiny_model_dir, tmp_path):
     from fedlib.privacy.audit_report import dp_utility_table
 
     calib = tmp_path / "calib.safetensors"
-    save_tokens(calib, torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0)), dataset="test")
+    save_tokens(calib, torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0)), dataset="test",
+                unit="span", windows_per_unit=1)
 
     def result(name, value):
         path = tmp_path / name

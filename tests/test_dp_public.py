@@ -1,4 +1,4 @@
-"""DP masks that degrade to the public mask (fedlib.privacy.dp_public, dp_distributed): the
+"""DP masks that degrade to the public mask (fedlib.dp.public, fedlib.dp.distributed): the
 signed statistic's sensitivity by brute force, the no-noise limit against plain Wanda computed
 independently, huge noise against the public mask, the low-dimensional release, the distributed
 sum through real SecAgg, the discrete Gaussian and both accountants against exact bounds."""
@@ -16,10 +16,12 @@ from fedlib.client import Pruning, prune_locally
 from fedlib.groups import prune_lowest
 from fedlib.methods.wanda import wanda_scores
 from fedlib.models import block_linears
-from fedlib.privacy.dp import calibrate_sigma, count_releases, input_key
-from fedlib.privacy.ddg_accounting import GRID, calibrate_distributed_sigma, rdp_epsilon, sensitivity_steps
-from fedlib.privacy.dp_distributed import DistributedGuarantee, DistributedTarget, discrete_gaussian
-from fedlib.privacy.dp_public import (
+from fedlib.dp.gaussian import calibrate_sigma, count_releases, input_key
+from fedlib.dp.accountant import GRID, calibrate_distributed_sigma, rdp_epsilon, sensitivity_steps
+from fedlib.dp.distributed import DistributedGuarantee, DistributedTarget
+from fedlib.dp.samplers import NoiseSource, derive_seed
+from fedlib.dp.unit import ProtectedUnit
+from fedlib.dp.public import (
     FALSE_KEEP,
     NormalisedGuarantee,
     NormalisedTarget,
@@ -53,8 +55,9 @@ def _pass(model, public, clients, guarantees, shared=False, blocks=None, noise_s
     for i, g in enumerate(guarantees):
         store = {}
         out.append(store)
-        releases.append(Release(f"r{i}", g, noise_seeds or list(range(len(clients))), collecting_sink(store),
-                                shared=shared))
+        seeds = noise_seeds or list(range(len(clients)))
+        releases.append(Release(f"r{i}", g, [NoiseSource(seed) for seed in seeds], collecting_sink(store),
+                                shared=shared, secagg_seed=0))
     federation_pass(model, public, clients, Pruning("wanda", SPARSITY, GROUP, SEED, batch_size=4), releases, blocks=blocks,
                     public_sink=lambda _b, d: public_masks.update(d.masks))
     return out, public_masks
@@ -98,7 +101,7 @@ def reference_masks(model, ids, prefix_masks):
 def test_signed_statistic_needs_sensitivity_2c_by_brute_force(model):
     """Replace-one neighbours of a data set move the clipped sum by at most 2C (brute force over
     a pool on a tiny model's real activations), and two samples can reach 2C, beyond sqrt(2) C."""
-    from fedlib.privacy.dp_public import ClippedDeviations, PublicWanda, View
+    from fedlib.dp.public import ClippedDeviations, PublicWanda, View
     from fedlib.runner import BlockRunner
 
     pool = torch.cat([_ids(6, seed=1), torch.full((1, 16), 3), torch.full((1, 16), 77)])
@@ -276,37 +279,28 @@ def test_accounting_against_the_exact_gaussian_bound(epsilon, releases, clients)
     assert g.client_std(576) > 1000 and g.sigma == d_sigma
 
 
-def test_discrete_gaussian_matches_its_distribution():
-    rng = np.random.default_rng(0)
-    sigma = 1.7
-    draws = discrete_gaussian(sigma, 200_000, rng)
-    support = np.arange(-12, 13)
-    pmf = np.exp(-support**2 / (2 * sigma**2))
-    pmf /= pmf.sum()
-    freq = np.array([(draws == y).mean() for y in support])
-    assert np.abs(freq - pmf).max() < 0.004
-    assert draws.dtype == np.int64 and abs(draws.mean()) < 0.02
-    # K shares of std s sum to variance K s^2 (what the server's noise is)
-    big = discrete_gaussian(3000.0, 4 * 50_000, np.random.default_rng(1)).reshape(4, -1).sum(0)
-    assert big.std() == pytest.approx(2 * 3000.0, rel=0.01)
+def test_discrete_gaussian_shares_sum_to_the_servers_noise():
+    # K shares of std s sum to variance K s^2 (what the server's noise is); the sampler's pmf is
+    # tested in test_dp_samplers
+    source = NoiseSource(seed=1)
+    big = sum(source.discrete_gaussian(3000.0, 20_000, "share", c) for c in range(4))
+    assert big.std() == pytest.approx(2 * 3000.0, rel=0.02)
 
 
 def test_secure_sum_equals_the_plain_sum_of_noisy_uploads(model):
     """The distributed release through real SecAgg equals the sum of what the clients would
     upload in the clear (grid sums plus their noise shares), decoded."""
-    from fedlib.privacy.dp_distributed import _rng
-
     public, a, b = _ids(8, seed=2), _ids(5, seed=3, low=64), _ids(7, seed=4)
     g = DistributedTarget(8.0, 1e-5, 1.0, 0, 2).guarantee(_names(model), "x")
     seen = {}
-    import fedlib.privacy.dp_distributed as dd
+    import fedlib.dp.distributed as dd
 
     original = dd.secure_noisy_sum
 
     def spy(release, key, stats_list):
         total = original(release, key, stats_list)
-        plain = sum(s.grid_sum.numpy() + discrete_gaussian(g.client_std(s.prior.dim), s.prior.dim,
-                                                         _rng(release.noise_seeds[c], "dp-distributed-noise", key))
+        plain = sum(s.grid_sum.numpy() + release.noise[c].discrete_gaussian(g.client_std(s.prior.dim), s.prior.dim,
+                                                                            "dp-distributed-noise", key)
                     for c, s in enumerate(stats_list))
         seen[key] = (total, torch.from_numpy(plain.astype(np.float64) * (stats_list[0].bound / g.grid)))
         return total
@@ -354,7 +348,8 @@ def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_gu
     gen = torch.Generator().manual_seed(0)
     public, a, b = (tmp_path / f"{n}.safetensors" for n in ("public", "a", "b"))
     for path, low in ((public, 0), (a, 500), (b, 900)):
-        save_tokens(path, torch.randint(low, low + 400, (6, 12), generator=gen), dataset="test")
+        save_tokens(path, torch.randint(low, low + 400, (6, 12), generator=gen), dataset="test", unit="span",
+                    windows_per_unit=1)
     releases = [{"label": "norm", "mechanism": "normalised", "epsilon": 8.0, "delta": 1e-5, "clip": 2.0, "basis": 0},
                 {"label": "post", "mechanism": "normalised", "epsilon": 1000.0, "delta": 1e-5, "clip": 2.0,
                  "basis": 0, "estimator": "posterior"},
@@ -363,15 +358,15 @@ def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_gu
                 {"label": "dist", "mechanism": "distributed", "epsilon": 8.0, "delta": 1e-5, "clip": 2.0, "basis": 4}]
     handle = open_model(str(tiny_model_dir))
     record = simulate(handle, load_tokens(public)[0], [load_tokens(a)[0], load_tokens(b)[0]], releases,
-                      tmp_path / "fed", Pruning("wanda", 0.5, "row", 0), noise_seed=7)
-    from fedlib.privacy.dp_public import _seed_of
-
+                      tmp_path / "fed", Pruning("wanda", 0.5, "row", 0), noise_seed=7, unit=ProtectedUnit("span", 1))
     main(["client-mask", "--model", str(tiny_model_dir), "--calib", str(b), "--dp-mechanism", "normalised",
           "--dp-public", str(public), "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2",
-          "--dp-noise-seed", str(_seed_of(7, "norm", 1)), "--client-id", "1", "--out", str(tmp_path / "cli.safetensors")])
+          "--dp-noise-seed", str(derive_seed(7, "norm", 1)), "--dp-allow-seeded-noise", "--client-id", "1",
+          "--out", str(tmp_path / "cli.safetensors")])
     main(["client-mask", "--model", str(tiny_model_dir), "--calib", str(b), "--dp-mechanism", "normalised",
           "--dp-public", str(public), "--dp-epsilon", "1000", "--dp-delta", "1e-5", "--dp-clip", "2",
-          "--dp-estimator", "posterior", "--dp-noise-seed", str(_seed_of(7, "post", 1)), "--client-id", "1",
+          "--dp-estimator", "posterior", "--dp-noise-seed", str(derive_seed(7, "post", 1)), "--dp-allow-seeded-noise",
+          "--client-id", "1",
           "--out", str(tmp_path / "cli-post.safetensors")])
     for label, file in (("norm", "cli.safetensors"), ("post", "cli-post.safetensors")):
         simulated = MaskFile(tmp_path / "fed" / label / "client_1.mask.safetensors").masks()
@@ -383,6 +378,15 @@ def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_gu
     # at the same ε the estimator changes the masks (the checks above can fail)
     post, thr = (MaskFile(tmp_path / "fed" / label / "client_1.mask.safetensors").masks() for label in ("post", "thr"))
     assert any(not torch.equal(post[n], thr[n]) for n in thr)
+    # ... yet both are post-processing of one noisy release: the same digest, one ledger entry, one ε
+    digest = {label: read_header(tmp_path / "fed" / label / "client_1.mask.safetensors").extra["dp_release"]
+              for label in ("norm", "post", "thr")}
+    assert digest["post"] == digest["thr"] != digest["norm"]
+    ledger = record["ledger"]["releases"]
+    assert [(r["label"], r["estimators"]) for r in ledger] == [("norm", ["threshold"]),
+                                                               ("post", ["posterior", "threshold"]),
+                                                               ("dist", ["threshold"])]
+    assert all(r["x_dp"]["noise"] == "seeded" for r in ledger)
     dist = read_header(tmp_path / "fed" / "dist" / "secagg.mask.safetensors")
     assert dist.client_id == "secagg" and dist.n_samples == 12
     assert json.loads(dist.extra["dp"])["clients"] == 2
@@ -393,22 +397,35 @@ def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_gu
         for i, value in enumerate([{**dp, "sensitivity": math.sqrt(2)}, {**dp, "sigma": dp["sigma"] / 2},
                                    {**dp, "releases": dp["releases"] + 1}, {**dp, "mechanism": "laplace"},
                                    {**dp, "public": "abc"}, {k: v for k, v in dp.items() if k != "basis"},
-                                   {**dp, "estimator": "median"}]):
+                                   {**dp, "estimator": "median"}, {**dp, "noise": "pseudo"}, {**dp, "unit": "page"},
+                                   {**dp, "windows_per_unit": 2},  # k = 2 needs sensitivity 4
+                                   {k: v for k, v in dp.items() if k != "noise"}]):
             bad = tmp_path / f"bad{i}.safetensors"
             write_mask_file(bad, masks, layers, fingerprint=header.fingerprint, role="client", client_id="0",
                             method="wanda", group=header.group, sparsity=header.sparsity, n_samples=header.n_samples,
                             seed=0, extra={"dp": json.dumps(value, separators=(",", ":"))})
             with pytest.raises(MaskFileError, match="x_dp"):
                 read_header(bad)
-        # a file written before x_dp named its estimator (then always the threshold) still reads
-        legacy = tmp_path / "legacy.safetensors"
-        write_mask_file(legacy, masks, layers, fingerprint=header.fingerprint, role="client", client_id="0",
-                        method="wanda", group=header.group, sparsity=header.sparsity, n_samples=header.n_samples,
-                        seed=0, extra={"dp": json.dumps({k: v for k, v in dp.items() if k != "estimator"},
-                                                        separators=(",", ":"))})
-        assert "estimator" not in json.loads(read_header(legacy).extra["dp"])
-    # the CLI refuses what it cannot account
+        # files written before x_dp named its unit and noise, or its estimator (then always the threshold), still read
+        before_unit = {k: v for k, v in dp.items() if k not in ("unit", "windows_per_unit", "noise")}
+        for i, old in enumerate((before_unit, {k: v for k, v in before_unit.items() if k != "estimator"})):
+            legacy = tmp_path / f"legacy{i}.safetensors"
+            write_mask_file(legacy, masks, layers, fingerprint=header.fingerprint, role="client", client_id="0",
+                            method="wanda", group=header.group, sparsity=header.sparsity, n_samples=header.n_samples,
+                            seed=0, extra={"dp": json.dumps(old, separators=(",", ":"))})
+            assert json.loads(read_header(legacy).extra["dp"]) == old
+    # the CLI refuses what it cannot account: seeded noise not asked for, windows cut at random offsets
     base = ["client-mask", "--model", str(tiny_model_dir), "--calib", str(a), "--out", str(tmp_path / "x.safetensors")]
+    norm = ["--dp-mechanism", "normalised", "--dp-public", str(public), "--dp-epsilon", "8", "--dp-delta", "1e-5",
+            "--dp-clip", "2"]
+    random_offsets = tmp_path / "random.safetensors"
+    save_tokens(random_offsets, load_tokens(a)[0], dataset="test")
+    assert main(base + norm + ["--dp-noise-seed", "3"]) == 2
+    assert main(["client-mask", "--model", str(tiny_model_dir), "--calib", str(random_offsets), "--out",
+                 str(tmp_path / "x.safetensors")] + norm) == 2
+    assert main(base + norm + ["--dp-unit", "client"]) == 0  # a client unit needs no cut: its mean is clipped once
+    assert json.loads(read_header(tmp_path / "x.safetensors").extra["dp"])["unit"] == "client"
+    (tmp_path / "x.safetensors").unlink()
     for bad in (["--dp-mechanism", "normalised", "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2"],
                 ["--dp-mechanism", "distributed", "--dp-public", str(public), "--dp-clients", "2",
                  "--dp-epsilon", "8", "--dp-delta", "1e-5", "--dp-clip", "2"],
@@ -419,7 +436,7 @@ def test_cli_client_equals_the_simulated_federation_and_the_reader_checks_the_gu
 
 
 def test_membership_audit_of_the_normalised_mechanisms_stays_below_the_proven_epsilon(model):
-    from fedlib.privacy.dp_distributed import public_dp
+    from fedlib.dp.distributed import public_dp
     from fedlib.privacy.stages.membership import membership_audit
 
     pop = torch.randint(0, 128, (40, 8), generator=torch.Generator().manual_seed(3))
@@ -522,7 +539,7 @@ def test_headroom_posterior_mean_against_the_true_prior():
     """The empirical-Bayes estimator against the Bayes posterior mean computed with the prior the
     data were drawn from (0 w.p. 0.9, 4 noise stds w.p. 0.1): close to it, and with a smaller
     squared error than the noisy values or the family-wise soft threshold."""
-    from fedlib.privacy.dp_public import posterior_mean
+    from fedlib.dp.public import posterior_mean
 
     gen = torch.Generator().manual_seed(0)
     d, std, spike = 4000, 0.5, 2.0
@@ -546,7 +563,7 @@ def test_posterior_keeps_the_public_value_unless_the_input_stands_out_of_the_noi
     threshold's; without the test the fitted prior would let a few percent of the noise through.
     A deviation spread thinly over every coordinate (1 noise std each) passes, and the posterior
     recovers much of what the threshold (about 4 stds at this size) throws away."""
-    from fedlib.privacy.dp_public import estimate_deviation, posterior_mean, stands_out
+    from fedlib.dp.public import estimate_deviation, posterior_mean, stands_out
 
     gen = torch.Generator().manual_seed(0)
     d, trials, level = 64, 4000, 0.2

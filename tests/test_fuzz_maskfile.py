@@ -65,7 +65,7 @@ NUMPY = {"U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64":
 SCHEDULES = ("fedprllm", "fedprllm-iterative", "fedspallm")
 #: (role, payload) -> (x_ keys always present, x_ keys that may be)
 EXTRAS = {
-    ("client", "mask"): (set(), {"method_options", "dtype", "dp"}),
+    ("client", "mask"): (set(), {"method_options", "dtype", "dp", "dp_release"}),
     ("global", "mask"): (set(), {"rr_epsilon_per_bit", "votes"}),
     ("client", "weights"): ({"payload", "weight_dtype", "round"}, set()),
     ("global", "weights"): ({"payload", "weight_dtype", "round", "uncovered_blocks"}, {"rounding"}),
@@ -110,7 +110,8 @@ def corpus(tmp_path_factory) -> Corpus:
     calib = []
     for client in range(3):
         calib.append(root / f"calib_{client}.safetensors")
-        save_tokens(calib[-1], torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(client)))
+        save_tokens(calib[-1], torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(client)),
+                    unit="span", windows_per_unit=1)  # disjoint spans: what a DP mask needs
     model = ("--model", model_dir)
     wanda = [root / f"wanda_{c}.mask.safetensors" for c in range(3)]
     for c, out in enumerate(wanda):
@@ -266,6 +267,8 @@ def _epsilon_ok(text) -> bool:
 
 
 DP_KEYS = ["epsilon", "delta", "clip", "sigma", "accountant", "neighbours", "releases"]
+#: what x_dp ends with since releases name their protected unit and noise source (older files lack them)
+DP_RELEASE_KEYS = ["unit", "windows_per_unit", "noise"]
 
 
 def _dp_ok(text, meta, layers) -> bool:
@@ -276,8 +279,14 @@ def _dp_ok(text, meta, layers) -> bool:
     from scipy.stats import norm
 
     value = json.loads(text)
-    if not isinstance(value, dict) or list(value) != DP_KEYS or json.dumps(value, separators=(",", ":")) != text:
+    if (not isinstance(value, dict) or list(value) not in (DP_KEYS, DP_KEYS + DP_RELEASE_KEYS)
+            or json.dumps(value, separators=(",", ":")) != text):
         return False
+    if "unit" in value:
+        k = value["windows_per_unit"]
+        if not (value["unit"] in ("document", "span", "client", "window") and type(k) is int and k >= 1
+                and (k == 1 or value["unit"] in ("document", "span")) and value["noise"] in ("secret", "seeded")):
+            return False
     eps, delta, clip, sigma, releases = (value[k] for k in ("epsilon", "delta", "clip", "sigma", "releases"))
     if not (all(type(v) is float for v in (eps, delta, clip, sigma)) and type(releases) is int
             and eps > 0 and 0 < delta < 1 and clip > 0 and sigma > 0 and value["accountant"] == "pld"
@@ -358,7 +367,9 @@ def spec_violations(meta: dict, tensors: dict, corpus: Corpus, payload_expected:
               "uncovered_blocks": lambda v: (_canonical_json(v, list) is not None and all(
                   type(b) is int and b >= 0 for b in json.loads(v)) and json.loads(v) == sorted(set(json.loads(v)))),
               "rounding": lambda v: v in ("ceil", "floor"),
-              "dp": lambda v: _dp_ok(v, meta, layers)}.get(key, ok)
+              "dp": lambda v: _dp_ok(v, meta, layers),
+              "dp_release": lambda v: "x_dp" in meta and re.fullmatch(r"sha256:[0-9a-f]{64}", v) is not None,
+              }.get(key, ok)
         try:
             ok = check(value)
         except ValueError:

@@ -25,17 +25,24 @@ DEFAULTS = {
     "evaluation": {"dtype": "bfloat16", "windows": None, "guards": ["c4", "wikitext2"], "guard_windows": 8},
     "membership": {"targets": 32, "pairs": 4, "blocks": 1, "seqlen": 64, "population": 128},
     "headroom": None,
+    # how the clients' windows are cut: disjoint, by unit (PTB: spans; C4, WikiText-2: documents), at most
+    # windows_per_unit per unit (fedlib.dp.unit); random = Wanda's random offsets (refused with DP rows)
+    "sampling": "disjoint", "windows_per_unit": 1,
 }
+#: the unit a dataset's text is cut by for DP (fedlib.dp.unit)
+DATASET_UNITS = {"ptb": "span", "wikitext2": "document", "c4": "document"}
 @dataclass(frozen=True)
 class StudyMechanism:
     """A DP row family of the study: the x_dp mechanism, whether it releases in the public basis,
-    its estimator (:mod:`fedlib.privacy.dp_public`), its title and the non-private row whose gain
+    its estimator (:mod:`fedlib.dp.public`), its title and the non-private row whose gain
     it is measured against (FedPrLLM for per-client masks, Centralized for the secure sum)."""
 
     mechanism: str
     in_basis: bool
     estimator: str
     title: str
+    #: "client": each client's contribution clipped once (None: the windows' unit)
+    unit: str | None = None
 
     @property
     def reference(self) -> str:
@@ -54,6 +61,8 @@ MECHANISMS = {
                                            "DP normalised, posterior estimate (per client)"),
     "distributed_posterior": StudyMechanism("distributed", False, "posterior",
                                             "DP distributed, posterior estimate (SecAgg sum)"),
+    "distributed_client": StudyMechanism("distributed", False, "posterior",
+                                         "DP distributed, client-level (each site's whole contribution)", "client"),
 }
 KINDS = ("private", "control")
 
@@ -96,7 +105,10 @@ class DomainCatalog:
         n = d["public_samples"] if role == "public" else d["clients"] * d["samples"]
         docs = {"control": d["control_docs"], "public": d["public_docs"]}.get(role)
         docs_arg = f" --c4-docs {docs[0]} {docs[1]}" if docs and dataset == "c4" else ""
-        return f"--dataset {dataset} --nsamples {n} --seqlen {self.seqlen} --seed {seed}{docs_arg}"
+        # the clients' private text is cut by unit for the DP rows; the public text needs no protection
+        unit_arg = (f" --unit {DATASET_UNITS[dataset]} --windows-per-unit {d['windows_per_unit']}"
+                    if role != "public" and d["sampling"] == "disjoint" else "")
+        return f"--dataset {dataset} --nsamples {n} --seqlen {self.seqlen} --seed {seed}{docs_arg}{unit_arg}"
 
     def shard(self, kind: str, seed, client: int) -> str:
         return f"{self.base}/{kind}/s{seed}/shards/client_{client}.safetensors"
@@ -149,7 +161,8 @@ class DomainCatalog:
             for e in d["epsilons"]:
                 out.append({"label": f"{m}-{eps_name(e)}", "mechanism": study.mechanism, "epsilon": float(e),
                             "delta": float(d["delta"]), "clip": float(d["clip"]),
-                            "basis": int(d["basis"]) if study.in_basis else 0, "estimator": study.estimator})
+                            "basis": int(d["basis"]) if study.in_basis else 0, "estimator": study.estimator,
+                            **({"unit": study.unit} if study.unit else {})})
         return out
 
     def dp_dir(self, kind: str, sparsity, seed) -> str:
@@ -267,7 +280,14 @@ class DomainCatalog:
             "references": {name: m.reference for name, m in MECHANISMS.items()}, "evaluation": d["evaluation"], "eval_c4_docs": self.config["evaluation"].get("c4_docs"),
             "dense": {dtype: self.dense_eval(dtype) for dtype in (d["evaluation"]["dtype"], "float32")},
             "evals": evals,
-            "membership": {label: self.membership_json(label) for label in self.labels()},
+            # the membership game replaces a window: a client-level row has no audit
+            "membership": {label: self.membership_json(label) for label in self.labels()
+                           if not MECHANISMS[label.rsplit("-", 1)[0]].unit},
+            "sampling": d["sampling"], "unit": DATASET_UNITS[d["private"]], "windows_per_unit": d["windows_per_unit"],
+            # non-private diagnostics on a pool (target domain_headroom, run apart): the report lists one
+            # in its pool's ledger where its file exists, without making the study wait for it
+            "diagnostics": [{"kind": "private", "seed": self.headroom_setting()[1], "path": self.headroom_json(),
+                             "label": "headroom analysis", "reads": "the clients' exact channel energies"}],
             "membership_sizes": {**d["membership"], "sparsity": self.membership_sparsity()},
         }
 

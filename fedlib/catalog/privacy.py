@@ -196,11 +196,12 @@ class PrivacyCatalog:
 
     def dp_client_args(self, size: str, eps, client: int) -> str:
         """client-mask's DP arguments (none at ε = ∞) with the audit's reproducible stand-in for
-        the client's secret noise seed (a real client draws fresh randomness: ``fedlib
-        client-mask`` without --dp-noise-seed)."""
+        the client's secret noise (a real client draws it from the OS: ``fedlib client-mask``
+        without --dp-noise-seed) and its game's unit, one window: a simulation, not private."""
         if float(eps) == float("inf"):
             return ""
-        return f"{self.dp_args(size, eps)} --dp-noise-seed {1_000_003 * int(self.catalog.config['seed']) + client}"
+        return (f"{self.dp_args(size, eps)} --dp-noise-seed {1_000_003 * int(self.catalog.config['seed']) + client} "
+                f"--dp-allow-seeded-noise --dp-unit window")
 
     def dp_args(self, size: str, eps) -> str:
         d = self.of(size, "dp")

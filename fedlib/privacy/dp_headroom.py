@@ -1,13 +1,13 @@
 """How much of private data's gain DP masks can keep, and how much data that takes (issue 29).
 
-The distributed mechanism of :mod:`fedlib.privacy.dp_distributed` releases, per block input, the
+The distributed mechanism of :mod:`fedlib.dp.distributed` releases, per block input, the
 noisy mean of the clients' clipped relative channel-energy deviations and soft-thresholds it
 toward the public prior. This module asks what limits it, on the clients' real statistics:
 
 - ``exact``: the private channel energies themselves (no clip, no noise) through the public
   mask's prefix: what the statistic says without privacy (not a ceiling: a clipped, shrunk
   estimate can give a better mask, as mixing public and private text can).
-- ``threshold``: the default estimator (:func:`fedlib.privacy.dp_public.estimate_deviation`) at the
+- ``threshold``: the default estimator (:func:`fedlib.dp.public.estimate_deviation`) at the
   noise of the mechanism's guarantee at ε, divided by ``multiplier``. The noise on a mean of
   ``multiplier`` x n samples of the same distribution is that much smaller, so this emulates a
   federation with ``multiplier`` times the data (the sample mean's own error, already small at
@@ -24,7 +24,7 @@ toward the public prior. This module asks what limits it, on the clients' real s
 
 Continuous Gaussian noise of the guarantee's std stands in for the discrete Gaussian shares
 (same variance; the grid's rounding, 1/65536 of the clip per coordinate, is negligible next to it). Everything goes
-through the same pass as :func:`fedlib.privacy.dp_public.federation_pass`: statistics of block
+through the same pass as :func:`fedlib.dp.public.federation_pass`: statistics of block
 b through blocks < b pruned by the public mask.
 """
 
@@ -38,8 +38,8 @@ import torch
 
 from fedlib.client import Pruning, decide_block
 from fedlib.groups import seeded_generator
-from fedlib.privacy.dp import input_key
-from fedlib.privacy.dp_public import (
+from fedlib.dp.gaussian import input_key
+from fedlib.dp.public import (
     EstimatedWanda,
     PassShape,
     PublicPrior,
@@ -178,7 +178,7 @@ def variants_from_spec(spec: Sequence[dict], noise_seeds: Sequence[int], clip: f
                        clients: int, public: str) -> list[Variant]:
     """``exact`` first, then every spec item {"estimator", "epsilon", "delta" (1e-5),
     "multipliers" ([1])} at every noise seed, with the distributed mechanism's guarantee."""
-    from fedlib.privacy.dp_distributed import DistributedTarget
+    from fedlib.dp.distributed import DistributedTarget
 
     variants = [Variant("exact")]
     for item in spec:

@@ -69,7 +69,7 @@ def modulus_bits(n_clients: int) -> int:
 
 def _word_dtype(bits: int) -> np.dtype:
     """The smallest unsigned word that holds ``bits`` bits: vote counts (up to 16 bits) or
-    fixed-point statistics (:mod:`fedlib.privacy.dp_distributed`, 64 bits)."""
+    fixed-point statistics (:mod:`fedlib.dp.distributed`, 64 bits)."""
     for dtype in (np.uint8, np.uint16, np.uint32, np.uint64):
         if bits <= 8 * np.dtype(dtype).itemsize:
             return np.dtype(dtype)

@@ -7,6 +7,12 @@ difference of mean NLL; the table's change is exp(mean difference) - 1 over seed
 draw and the evaluation windows). A DP row's "gain kept" is its change over the change of its
 non-private counterpart (FedPrLLM for per-client mechanisms, Centralized for the distributed one),
 on the same resamples; it is shown only where that counterpart beats public text significantly.
+
+Privacy columns, from the DP passes' records: each DP row's noise source ("simulation: not
+private" where the study seeded it, :mod:`fedlib.dp.samplers`) and the total ε its data pool
+(the clients' text of one data seed) has spent over every release of every sparsity
+(:class:`fedlib.dp.ledger.Ledger`); the header states the protected unit and the trust model
+(:func:`fedlib.dp.accountant.trust_model`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlib.privacy.dp_public import FALSE_KEEP
+from fedlib.dp.accountant import trust_model
+from fedlib.dp.ledger import Ledger
+from fedlib.dp.public import FALSE_KEEP
+from fedlib.dp.samplers import SEEDED, SIMULATION_LABEL
 from fedlib.report import DATASET_TITLES, fmt_ppl, write_table
 
 BOOTSTRAP = 2000
@@ -113,6 +122,47 @@ def _audits(spec: dict) -> dict:
     return out
 
 
+def _guarantees(record: dict) -> dict[str, dict]:
+    """label -> x_dp of a pass record (a record written before x_dp named its noise: the study's seeded)."""
+    return {label: {"noise": SEEDED, **json.loads(r["guarantee"])} for label, r in record["releases"].items()}
+
+
+def _pool_ledgers(spec: dict) -> dict[tuple[str, int], Ledger]:
+    """(kind, data seed) -> the ledger of that pool over every pass on it (every detailed
+    sparsity). A record without a ledger (written before one release served several estimators)
+    had one noisy release per label."""
+    passes: dict[tuple[str, int], list[Ledger]] = {}
+    for kind, cells in spec["evals"].items():
+        for cell in cells:
+            if not cell.get("record"):
+                continue
+            record = _load(cell["record"])
+            if "ledger" in record:
+                ledger = Ledger(record["ledger"]["pool"], record["ledger"]["releases"], record["ledger"]["diagnostics"])
+            else:
+                ledger = Ledger(record["public"])
+                for label, header in _guarantees(record).items():
+                    ledger.add_release(label, header, [header.get("estimator", "threshold")], [])
+            passes.setdefault((kind, int(cell["seed"])), []).append(ledger)
+    pools = {pool: Ledger.merged(f"{pool[0]} s{pool[1]}", ledgers) for pool, ledgers in passes.items()}
+    for diagnostic in spec.get("diagnostics", []):
+        pool = (diagnostic["kind"], int(diagnostic["seed"]))
+        if pool in pools and Path(diagnostic["path"]).is_file():
+            pools[pool].add_diagnostic(diagnostic["label"], diagnostic["reads"])
+    return pools
+
+
+def _row_guarantees(spec: dict) -> dict[tuple[str, float], dict[str, list[dict]]]:
+    """(kind, sparsity) -> label -> the x_dp of that row in each data seed."""
+    out: dict = {}
+    for kind, cells in spec["evals"].items():
+        for cell in cells:
+            if cell.get("record"):
+                for label, header in _guarantees(_load(cell["record"])).items():
+                    out.setdefault((kind, float(cell["sparsity"])), {}).setdefault(label, []).append(header)
+    return out
+
+
 def domain_table(spec: dict) -> list[Path]:
     out_dir = Path(spec["out_dir"])
     dataset, guards = spec["private"], spec["evaluation"]["guards"]
@@ -120,12 +170,14 @@ def domain_table(spec: dict) -> list[Path]:
     guard_titles = [DATASET_TITLES.get(g, g) for g in guards]
     audits = _audits(spec)
     dense = {dtype: _load(path) for dtype, path in spec["dense"].items()}
-    columns = ["Clients' text", "Sparsity", "Row", "ε", f"{title} ppl", f"Δ {title} ppl vs public [95% CI]",
-               "gain kept [95% CI]", *[f"{g} ppl" for g in guard_titles], "audited ε LB", "audit ≤ proven"]
+    ledgers, guarantees = _pool_ledgers(spec), _row_guarantees(spec)
+    columns = ["Clients' text", "Sparsity", "Row", "ε", "noise", "pool ε (all its releases)", f"{title} ppl",
+               f"Δ {title} ppl vs public [95% CI]", "gain kept [95% CI]", *[f"{g} ppl" for g in guard_titles],
+               "audited ε LB", "audit ≤ proven"]
     rows = []
     for dtype, result in dense.items():
-        rows.append(["-", "0%", f"Dense ({dtype})", "-", fmt_ppl(result["perplexity"][dataset]["ppl"]), "-", "-",
-                     *[fmt_ppl(result["perplexity"][g]["ppl"]) for g in guards], "-", "-"])
+        rows.append(["-", "0%", f"Dense ({dtype})", "-", "-", "-", fmt_ppl(result["perplexity"][dataset]["ppl"]), "-",
+                     "-", *[fmt_ppl(result["perplexity"][g]["ppl"]) for g in guards], "-", "-"])
     summaries = {kind: _summaries(spec, kind, dataset) for kind in ("private", "control")}
     worse, checks = [], []
     for kind, by_sparsity in summaries.items():
@@ -138,8 +190,17 @@ def domain_table(spec: dict) -> list[Path]:
                 audit = audits.get(row) if mechanism else None
                 if mechanism and s["ci"][0] > 0:
                     worse.append(f"{text}, {sparsity:.0%}, {spec['titles'][mechanism]} at ε = {eps}")
+                noise, pool = "-", "-"
+                if mechanism:
+                    headers = guarantees.get((kind, sparsity), {}).get(row, [])
+                    noise = SIMULATION_LABEL if any(h["noise"] == SEEDED for h in headers) else "secret"
+                    pools = [ledgers[kind, seed] for seed in s["seeds"] if (kind, seed) in ledgers]
+                    if any(ledger.diagnostics for ledger in pools):
+                        pool = "∞ (non-private diagnostic)"
+                    elif pools:
+                        pool = f"{max(ledger.dp_epsilon for ledger in pools):.1f}"
                 rows.append([
-                    text, f"{sparsity:.0%}", spec["titles"].get(mechanism, ROW_TITLES.get(row, row)), eps,
+                    text, f"{sparsity:.0%}", spec["titles"].get(mechanism, ROW_TITLES.get(row, row)), eps, noise, pool,
                     fmt_ppl(s["ppl"]), "-" if row == "public" else _change_cell(s["delta"], s["ci"]),
                     f"{kept[0]:.0%} [{kept[1][0]:.0%}, {kept[1][1]:.0%}]" if kept else "-",
                     *[fmt_ppl(s["guards"][g]) for g in guards],
@@ -148,7 +209,7 @@ def domain_table(spec: dict) -> list[Path]:
                 ])
                 if kind == "private" and mechanism and float(eps) <= 8 and kept:
                     checks.append((sparsity, mechanism, float(eps), kept))
-    header = _header(spec, summaries, dense, worse, checks, audits)
+    header = _header(spec, summaries, dense, worse, checks, audits) + _privacy_lines(spec, guarantees, ledgers)
     md, csv_path, png = (out_dir / f"domain.{ext}" for ext in ("md", "csv", "png"))
     write_table(md, csv_path, f"When does private data pay? {title} clients against C4 public text", header,
                 columns, rows)
@@ -183,14 +244,14 @@ def _header(spec, summaries, dense, worse, checks, audits) -> list[str]:
         "Every mask is Wanda with row comparison; FedPrLLM aggregates with layer comparison. Δ: paired against "
         "public-only on the same windows and data seed, exp(mean NLL difference) − 1 over seeds and windows; "
         f"95 % interval: bootstrap over seeds and windows ({BOOTSTRAP} resamples).",
-        f"DP (sample-level, replace-one, δ = {spec['delta']:g}): statistics through the public mask's prefix, "
-        "each sample's channel energies as deviations from the public text's, clipped to "
+        f"DP (replace one protected unit, stated below; δ = {spec['delta']:g}): statistics through the public "
+        "mask's prefix, each window's channel energies as deviations from the public text's, clipped to "
         f"{spec['clip']:g} × the public samples' rms deviation (sensitivity 2 × clip: signed), Gaussian noise, "
         "the noisy mean soft-thresholded toward the public prior at the bound that noise alone clears with "
-        f"probability {FALSE_KEEP:.1%} over the pass (from the noise level and shapes only; fedlib.privacy.dp_public). "
+        f"probability {FALSE_KEEP:.1%} over the pass (from the noise level and shapes only; fedlib.dp.public). "
         f"Public basis: the {spec['basis']} leading directions of the public tokens' deviations. Per client: each "
         "client's noisy mask, FedPrLLM over them. Distributed: the clients' sums under SecAgg, each adding 1/√K "
-        "of a discrete Gaussian (fedlib.privacy.dp_distributed), one Wanda mask from the sum. The proven ε "
+        "of a discrete Gaussian (fedlib.dp.distributed), one Wanda mask from the sum. The proven ε "
         "covers every block (its σ is in the mask files' x_dp).",
         "Gain kept: the DP row's Δ over its counterpart's (per client: FedPrLLM; distributed: Centralized), "
         "shown where that counterpart beats public text significantly.",
@@ -222,6 +283,41 @@ def _header(spec, summaries, dense, worse, checks, audits) -> list[str]:
     lines.append("Worse than public-only beyond the interval: " + ("; ".join(worse) if worse else "no DP row") + ".")
     over = [label for label, (proven, audited) in audits.items() if audited > proven]
     lines.append("Audited ε ≤ proven ε: " + ("in every row" if not over else f"NOT in {', '.join(over)}") + ".")
+    return lines
+
+
+def _privacy_lines(spec, guarantees, ledgers) -> list[str]:
+    """The protected unit, the noise source, each pool's ledger and the trust model, from the records."""
+    headers = [h for by_label in guarantees.values() for hs in by_label.values() for h in hs]
+    if not headers:
+        return []
+    units = sorted({(h.get("unit", "window"), h.get("windows_per_unit", 1)) for h in headers})
+    lines = ["Protected unit: " + "; ".join(
+        f"{unit} (at most {k} window{'s' if k > 1 else ''} each)" if unit != "window" else
+        "one calibration window (windows drawn at random offsets overlap: no text unit is protected at this ε)"
+        for unit, k in units) + "."]
+    if any(h["noise"] == SEEDED for h in headers):
+        lines.append(f"Noise: seeded from the data seed (a simulation of the clients' secrets): every DP row is "
+                     f"{SIMULATION_LABEL}; a site's release draws its noise from the OS (fedlib.dp.samplers).")
+    for (kind, seed), ledger in sorted(ledgers.items()):
+        estimators = sum(len(r["estimators"]) for r in ledger.releases)
+        lines.append(f"Ledger, {kind} pool of data seed {seed}: {len(ledger.releases)} noisy releases "
+                     f"({estimators} estimator masks as post-processing) compose to ε = {ledger.dp_epsilon:.1f} at "
+                     f"δ = {ledger.delta:.1g} (RDP); each row's ε is its own release's."
+                     + "".join(f" Non-private diagnostic on this pool: the {d['label']} (reads {d['reads']}; not DP), "
+                               "so the pool has no finite ε in all." for d in ledger.diagnostics))
+    clients = spec["clients"]
+    seen = {}
+    for by_label in guarantees.values():
+        for label, hs in by_label.items():
+            seen.setdefault(label, hs[0])
+    shared = [f"{label}: " + ", ".join([f"one dropout {m['one_dropout']:.1f}"] +
+                                       [f"c = {c}: {e:.1f}" for c, e in m["collusion"].items()])
+              for label, m in ((label, trust_model(h)) for label, h in sorted(seen.items())) if m["collusion"]]
+    lines.append(f"Trust model: an honest-but-curious coordinator and all {clients} clients honest (the ε column). "
+                 "Per-client rows rest on each client's own noise (collusion changes nothing); the secure sum's ε "
+                 "when one client drops out or the coordinator colludes with c clients (their noise known): "
+                 + ("; ".join(shared) if shared else "no secure-sum row") + ".")
     return lines
 
 

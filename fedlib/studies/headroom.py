@@ -83,6 +83,9 @@ def headroom_table(headroom: Path, public_eval: Path, central_eval: Path, datase
         "private mean (each coordinate scaled by its own best constant: a reference, not a private estimator and "
         "not a bound).",
         "- Intervals: 95 %, bootstrap over the row's noise draws and the windows.",
+        "- **Non-private diagnostic**: this analysis reads the clients' exact private statistics, and its noise is "
+        "seeded (simulation: not private). No row here is a DP release; the pool it reads has no finite ε in its "
+        "ledger (fedlib.dp.ledger) once this analysis has run on it.",
         "",
     ]
     header = ["Estimator", "ε", "data ×", "samples", "noise draws", f"{dataset.upper()} ppl",

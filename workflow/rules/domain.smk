@@ -1,6 +1,6 @@
 # The domain-shift study (target domain, not part of `make run`): private in-domain text vs public
 # text, and the DP masks that degrade to the public mask. Sizes, files, report spec: DOMAIN
-# (fedlib.catalog.domain); mechanisms: fedlib.privacy.dp_public and dp_distributed.
+# (fedlib.catalog.domain); mechanisms: fedlib.dp.public and fedlib.dp.distributed.
 
 from fedlib.catalog.domain import DomainCatalog
 

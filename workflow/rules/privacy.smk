@@ -261,7 +261,7 @@ rule privacy_full:
 
 rule privacy_dp_client:
     """A client's mask in DP federation {fed} (sample-level Gaussian mechanism on Wanda's statistics,
-    fedlib.privacy.dp; none at ε = ∞)."""
+    fedlib.dp.gaussian; none at ε = ∞)."""
     input:
         model=MODEL_READY,
         calib=lambda wc: PRIVACY.dp_shard(wc.size, wc.fed, int(wc.client)),

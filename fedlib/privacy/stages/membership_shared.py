@@ -47,7 +47,7 @@ def row_statistics(model, population: torch.Tensor, pruning: Pruning = Pruning()
     reference for the client's pruned blocks). Linears that share their input tensor with an
     earlier one and take its statistics (q/k/v, gate/up under SparseGPT) get that one's rows."""
     from fedlib.client import prune_locally
-    from fedlib.privacy.dp import input_key
+    from fedlib.dp.gaussian import input_key
 
     factory = pruning.factory
     recorded: dict[str, list[torch.Tensor]] = {}

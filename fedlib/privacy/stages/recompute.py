@@ -21,12 +21,15 @@ def client_masks(
     (:func:`fedlib.client.prune_locally`), restricted to decoder blocks ``0..blocks-1``
     (``None`` = all). The forward pass stops after the last requested block, so the masks
     of the first blocks cost only the forward through those blocks. ``dp``: a
-    :class:`fedlib.privacy.dp.DPTarget` or :class:`fedlib.privacy.dp_public.PublicDP`, the
+    :class:`fedlib.dp.gaussian.DPTarget` or :class:`fedlib.dp.public.PublicDP`, the
     client's DP mechanism accounted over the blocks computed, its noise drawn from ``dp_noise_seed``."""
     from fedlib.client import prune_locally
 
     if blocks is not None and blocks < 1:
         raise ValueError(f"blocks must be >= 1, got {blocks}")
     if dp is not None and dp.enabled:
-        return dp.client_masks(model, input_ids, pruning, noise_seed=dp_noise_seed, blocks=blocks)
+        from fedlib.dp.samplers import NoiseSource
+
+        # the audit's game redraws every mask's noise from its own seed: a simulation
+        return dp.client_masks(model, input_ids, pruning, noise=NoiseSource(dp_noise_seed), blocks=blocks)
     return prune_locally(model, input_ids, pruning, blocks=blocks).masks

@@ -12,12 +12,14 @@ Neighbours: replace-one (the data set's size n is public: the mask file says ``n
 and the membership audit's game replaces one sample). Since every v_s is non-negative,
 |v - v'|^2 = |v|^2 + |v'|^2 - 2<v, v'> <= 2 clip^2, so the L2 sensitivity is Delta =
 sqrt(2) * clip (not 2 * clip). Removing one sample moves S by at most ``clip``.
+A protected unit of up to k windows (``unit``, ``windows_per_unit``: :mod:`fedlib.dp.unit`) moves
+k of the clipped vectors: sensitivity k sqrt(2) clip, and the noise scales with it.
 
 Releases. Linears that read the same tensor (q/k/v_proj; gate/up_proj) share one noisy
 statistic: their noise is seeded by the block and the input they share
 (:func:`input_key`), and identical clean sums plus identical noise are one release. The noise
-seed is the client's secret: an attacker who knew it would subtract the noise, so it is never
-written to the mask file (whose ``seed`` only breaks ties) and defaults to fresh OS randomness. A LLaMA-style
+is secret, drawn from the OS's cryptographic generator (:mod:`fedlib.dp.samplers`); a seeded
+simulation's is not, and its ``x_dp`` says ``noise: seeded``. A LLaMA-style
 block makes 4 releases (attention input, o_proj input, MLP input, down_proj input). The
 statistics of block b are computed through blocks < b pruned by this client's masks, which are
 post-processing of earlier releases; each sample's activations depend on that sample only, so
@@ -34,22 +36,22 @@ Gaussian mechanism depends only on std / Delta, so the accountant's unit-sensiti
 event with multiplier sigma is exact for any neighbour relation of sensitivity Delta.
 
 Mechanisms that keep public text as the prior and degrade to its mask instead of destroying it
-(normalised statistics, shrinkage, a distributed sum under SecAgg): :mod:`fedlib.privacy.dp_public`
-and :mod:`fedlib.privacy.dp_distributed`.
+(normalised statistics, shrinkage, a distributed sum under SecAgg): :mod:`fedlib.dp.public`
+and :mod:`fedlib.dp.distributed`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
 import torch
 
-from fedlib.groups import seeded_generator
+from fedlib.dp.samplers import SEEDED, NoiseSource
+from fedlib.dp.unit import ProtectedUnit
 from fedlib.methods.wanda import WandaPruner, wanda_scores
 
 ACCOUNTANT = "pld"
@@ -62,7 +64,11 @@ NEIGHBOURS = "replace-one"
 SHARED_INPUTS = {"q_proj": "attn_in", "k_proj": "attn_in", "v_proj": "attn_in",
                  "gate_proj": "mlp_in", "up_proj": "mlp_in"}
 #: header fields of a DP mask file's ``x_dp``, in the writer's order
-GUARANTEE_FIELDS = ("epsilon", "delta", "clip", "sigma", "accountant", "neighbours", "releases")
+GUARANTEE_FIELDS = ("epsilon", "delta", "clip", "sigma", "accountant", "neighbours", "releases", "unit",
+                    "windows_per_unit", "noise")
+#: what every mechanism's ``x_dp`` ends with: the protected unit, its k and the noise source
+#: (:mod:`fedlib.dp.unit`, :mod:`fedlib.dp.samplers`); files written before carry none of them
+RELEASE_FIELDS = ("unit", "windows_per_unit", "noise")
 
 
 def input_key(layer_name: str) -> str:
@@ -131,8 +137,10 @@ def calibrate_sigma(epsilon: float, delta: float, releases: int) -> float:
 
 @dataclass(frozen=True)
 class DPGuarantee:
-    """What a DP client's mask file proves: (epsilon, delta)-DP w.r.t. replacing one
-    calibration sample, from ``releases`` Gaussian releases of noise multiplier ``sigma``."""
+    """What a DP client's mask file proves: (epsilon, delta)-DP w.r.t. replacing one ``unit``
+    (:mod:`fedlib.dp.unit`) of at most ``windows_per_unit`` calibration windows, from
+    ``releases`` Gaussian releases of noise multiplier ``sigma``; ``noise``: secret or seeded
+    (:mod:`fedlib.dp.samplers`; seeded is a simulation, not private)."""
 
     epsilon: float
     delta: float
@@ -141,10 +149,13 @@ class DPGuarantee:
     accountant: str = ACCOUNTANT
     neighbours: str = NEIGHBOURS
     releases: int = 1
+    unit: str = ProtectedUnit().kind
+    windows_per_unit: int = 1
+    noise: str = SEEDED
 
     @property
     def sensitivity(self) -> float:
-        return math.sqrt(2.0) * self.clip
+        return math.sqrt(2.0) * self.clip * self.windows_per_unit
 
     @property
     def noise_std(self) -> float:
@@ -162,36 +173,41 @@ class DPTarget:
     epsilon: float
     delta: float
     clip: float
+    unit: ProtectedUnit = ProtectedUnit()
 
     def __post_init__(self):
         if not (self.epsilon > 0 and 0 < self.delta < 1 and math.isfinite(self.clip) and self.clip > 0):
             raise ValueError(f"DP needs epsilon > 0, 0 < delta < 1 and a finite clip > 0; got "
                              f"epsilon={self.epsilon}, delta={self.delta}, clip={self.clip}")
+        if self.unit.clips_client:
+            raise ValueError("the Gaussian mechanism clips each window; a client unit needs --dp-mechanism "
+                             "normalised or distributed (the client's mean deviation clipped once)")
 
     @property
     def enabled(self) -> bool:
         """epsilon = inf means no DP: the plain (unclipped, noiseless) mechanism."""
         return math.isfinite(self.epsilon)
 
-    #: one client's mask (as :class:`fedlib.privacy.dp_public.PublicDP`'s normalised mechanism)
+    #: one client's mask (as :class:`fedlib.dp.public.PublicDP`'s normalised mechanism)
     shared = False
 
     def guarantee(self, layer_names: Iterable[str]) -> DPGuarantee:
         releases = count_releases(layer_names)
         epsilon, delta, clip = float(self.epsilon), float(self.delta), float(self.clip)
-        return DPGuarantee(epsilon, delta, clip, calibrate_sigma(epsilon, delta, releases), releases=releases)
+        return DPGuarantee(epsilon, delta, clip, calibrate_sigma(epsilon, delta, releases), releases=releases,
+                           unit=self.unit.kind, windows_per_unit=self.unit.windows)
 
-    def client_masks(self, model, input_ids: torch.Tensor, pruning, *, noise_seed: int, blocks: int | None = None,
+    def client_masks(self, model, input_ids: torch.Tensor, pruning, *, noise: NoiseSource, blocks: int | None = None,
                      sink: Callable | None = None) -> dict[str, torch.Tensor]:
         """The DP mask of a client with data ``input_ids``, Wanda as ``pruning`` says, blocks
-        ``0..blocks-1``, the noise drawn from ``noise_seed``; ``sink(block, decision)`` gets the masks
+        ``0..blocks-1``, the noise drawn from ``noise``; ``sink(block, decision)`` gets the masks
         as they are decided (then none are kept: returns {}). The interface of every DP mechanism
-        (:meth:`fedlib.privacy.dp_public.PublicDP.client_masks`)."""
+        (:meth:`fedlib.dp.public.PublicDP.client_masks`)."""
         from fedlib.client import prune_locally
         from fedlib.models import prunable_layers
 
         names = [info.name for info in prunable_layers(model) if blocks is None or info.block < blocks]
-        dp_class, _ = dp_method(pruning.method, self, names, noise_seed)
+        dp_class, _ = dp_method(pruning.method, self, names, noise)
         return prune_locally(model, input_ids, replace(pruning, method=dp_class), sink, blocks=blocks,
                              keep=sink is None).masks
 
@@ -210,19 +226,18 @@ def clipped_sample_sum(inp: torch.Tensor, clip: float) -> torch.Tensor:
 
 class DPWandaPruner(WandaPruner):
     """Wanda on clipped, noised statistics (module docstring). A subclass per client
-    (:func:`dp_method`) carries the guarantee and the secret noise seed; the noise is seeded by
-    it and the layer's input (:func:`input_key`): same noise seed, same mask."""
+    (:func:`dp_method`) carries the guarantee and the noise source; seeded noise depends on the
+    seed and the layer's input (:func:`input_key`): same seed, same mask."""
 
     guarantee: DPGuarantee
-    noise_seed: int
+    noise: NoiseSource
 
     def add_batch(self, inp: torch.Tensor) -> None:
         self.sq_sum += clipped_sample_sum(inp, self.guarantee.clip)
         self.n_tokens += inp.shape[0] * inp.shape[1]
 
     def noisy_sum(self) -> torch.Tensor:
-        gen = seeded_generator(self.noise_seed, "dp-noise", input_key(self.layer_name))
-        noise = torch.randn(self.sq_sum.shape, generator=gen, dtype=torch.float64) * self.guarantee.noise_std
+        noise = self.noise.normal(self.sq_sum.shape, "dp-noise", input_key(self.layer_name)) * self.guarantee.noise_std
         return (self.sq_sum + noise).clamp_min(0.0)
 
     def scores(self) -> torch.Tensor:
@@ -231,18 +246,12 @@ class DPWandaPruner(WandaPruner):
         return wanda_scores(self.layer.weight.detach().float().cpu(), self.noisy_sum())
 
 
-def fresh_noise_seed() -> int:
-    """A noise seed no one can guess (the default of a real client)."""
-    return secrets.randbits(63)
-
-
 def dp_method(method: str, target: DPTarget, layer_names: Iterable[str],
-              noise_seed: int) -> tuple[type[WandaPruner], DPGuarantee]:
+              noise: NoiseSource) -> tuple[type[WandaPruner], DPGuarantee]:
     """The method class a DP client prunes ``layer_names`` with (for
-    :func:`fedlib.client.prune_locally`) and the guarantee its mask file records.
-    ``noise_seed``: the client's secret (:func:`fresh_noise_seed`)."""
+    :func:`fedlib.client.prune_locally`) and the guarantee its mask file records."""
     if method != WandaPruner.name:
         raise ValueError(f"DP masks are implemented for method 'wanda' (its mask is post-processing of "
                          f"per-channel statistics), not {method!r}")
-    guarantee = target.guarantee(layer_names)
-    return type("DPWandaPruner", (DPWandaPruner,), {"guarantee": guarantee, "noise_seed": int(noise_seed)}), guarantee
+    guarantee = replace(target.guarantee(layer_names), noise=noise.mode)
+    return type("DPWandaPruner", (DPWandaPruner,), {"guarantee": guarantee, "noise": noise}), guarantee

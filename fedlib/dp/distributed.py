@@ -1,4 +1,4 @@
-"""Distributed DP: the clients' normalised statistics (:mod:`fedlib.privacy.dp_public`) summed
+"""Distributed DP: the clients' normalised statistics (:mod:`fedlib.dp.public`) summed
 under secure aggregation (:mod:`fedlib.server.secagg`), each client adding 1/sqrt(K) of the noise,
 so the server sees one sum with the noise a central curator would add: central-DP utility
 (the noise on a mean falls with the federation's total sample count, not one client's), with
@@ -7,9 +7,11 @@ no party ever seeing a client's statistic.
 Integers. Secure aggregation sums integers modulo 2^64, so each sample's clipped representation
 is put on a grid of ``grid`` steps per clip bound C (rounded to nearest): its L2 norm is then at
 most grid + sqrt(dim)/2 steps, and the replace-one sensitivity of a client's integer sum is
-Delta = 2 grid + sqrt(dim) steps. Each client adds discrete Gaussian noise N_Z(0, s^2) per
-coordinate, s = sigma Delta / sqrt(K) (Canonne, Kamath & Steinke 2020's exact rejection sampler, in
-floating point as in Kairouz et al.'s implementation).
+Delta = 2 grid + sqrt(dim) steps, k times that for a unit of k windows (:mod:`fedlib.dp.unit`;
+a client unit's mean is one row). Each client adds discrete Gaussian noise N_Z(0, s^2) per
+coordinate, s = sigma Delta / sqrt(K), by Canonne, Kamath & Steinke 2020's exact sampler in
+integer arithmetic (:mod:`fedlib.dp.samplers`), from the OS's cryptographic generator unless a
+simulation seeds it.
 
 Accounting (Kairouz, Liu & Steinke, ICML 2021, Prop. 14): the sum of K independent N_Z(0, s^2)
 added to an integer vector of L2 sensitivity Delta is (alpha, alpha Delta^2 / (2 K s^2) + tau d)-RDP
@@ -25,7 +27,6 @@ not restore it); a client's own upload is a one-time-padded vector.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from fedlib.privacy.ddg_accounting import (
+from fedlib.dp.accountant import (
     ACCOUNTANT,
     DISTRIBUTED,
     DISTRIBUTED_FIELDS,
@@ -42,9 +43,11 @@ from fedlib.privacy.ddg_accounting import (
     calibrate_distributed_sigma,
     sensitivity_steps,
 )
-from fedlib.privacy.dp import count_releases
-from fedlib.privacy.dp_public import (
+from fedlib.dp.gaussian import count_releases
+from fedlib.dp.unit import ProtectedUnit
+from fedlib.dp.public import (
     NORMALISED,
+    SIGNED_SENSITIVITY,
     THRESHOLD,
     Deviations,
     NormalisedGuarantee,
@@ -57,32 +60,12 @@ from fedlib.privacy.dp_public import (
 RING_BITS = 64
 
 
-def discrete_gaussian(sigma: float, size: int, rng: np.random.Generator) -> np.ndarray:
-    """``size`` draws of N_Z(0, sigma^2), P(y) proportional to exp(-y^2 / (2 sigma^2)) on the
-    integers: Canonne, Kamath & Steinke (2020), Alg. 3: a discrete Laplace proposal of scale
-    t = floor(sigma) + 1 (a difference of two geometrics), accepted with probability
-    exp(-(|y| - sigma^2/t)^2 / (2 sigma^2))."""
-    if sigma == 0:
-        return np.zeros(size, dtype=np.int64)  # no noise (a test's limit)
-    if not sigma > 0:
-        raise ValueError(f"discrete Gaussian needs sigma >= 0, got {sigma}")
-    t = math.floor(sigma) + 1
-    p = -math.expm1(-1.0 / t)
-    out = np.empty(size, dtype=np.int64)
-    todo = np.arange(size)
-    while todo.size:
-        y = rng.geometric(p, todo.size) - rng.geometric(p, todo.size)
-        accept = rng.random(todo.size) < np.exp(-((np.abs(y) - sigma * sigma / t) ** 2) / (2 * sigma * sigma))
-        out[todo[accept]] = y[accept]
-        todo = todo[~accept]
-    return out
-
-
 @dataclass(frozen=True)
 class DistributedGuarantee(NormalisedGuarantee):
     """What the server's mask from the secure sum proves, against the server: (epsilon,
-    delta)-DP w.r.t. replacing one sample of any client, ``clients`` clients each adding its
-    share of ``releases`` discrete Gaussian releases of multiplier ``sigma``."""
+    delta)-DP w.r.t. replacing one ``unit`` of any client, ``clients`` clients each adding its
+    share of ``releases`` discrete Gaussian releases of multiplier ``sigma`` (the trust model's
+    other cases: :func:`fedlib.dp.accountant.trust_model`)."""
 
     clients: int = 1
     grid: int = GRID
@@ -92,14 +75,14 @@ class DistributedGuarantee(NormalisedGuarantee):
 
     def client_std(self, dim: int) -> float:
         """One client's noise share, in grid steps."""
-        return self.sigma * sensitivity_steps(self.grid, dim) / math.sqrt(self.clients)
+        return self.sigma * self.windows_per_unit * sensitivity_steps(self.grid, dim) / math.sqrt(self.clients)
 
     def noise_std(self, bound: float, dim: int) -> float:
         """The std of the summed noise per coordinate, in the statistic's units."""
-        return self.sigma * sensitivity_steps(self.grid, dim) * bound / self.grid
+        return self.sigma * self.windows_per_unit * sensitivity_steps(self.grid, dim) * bound / self.grid
 
     def secure_sum(self, release, key: str, stats: Sequence[Deviations]) -> torch.Tensor:
-        """:func:`secure_noisy_sum` (:func:`fedlib.privacy.dp_public.federation_pass` calls it
+        """:func:`secure_noisy_sum` (:func:`fedlib.dp.public.federation_pass` calls it
         through the guarantee, so that module need not import this one)."""
         return secure_noisy_sum(release, key, stats)
 
@@ -108,7 +91,7 @@ class DistributedGuarantee(NormalisedGuarantee):
 class DistributedTarget:
     """``distributed`` in the domain study: the budget, clip (x the public scale), basis size,
     the number of clients that share the noise and the server's estimator
-    (:mod:`fedlib.privacy.dp_public`)."""
+    (:mod:`fedlib.dp.public`)."""
 
     epsilon: float
     delta: float
@@ -117,6 +100,7 @@ class DistributedTarget:
     clients: int
     grid: int = GRID
     estimator: str = THRESHOLD
+    unit: ProtectedUnit = ProtectedUnit()
     mechanism = DISTRIBUTED
 
     def __post_init__(self):
@@ -135,12 +119,8 @@ class DistributedTarget:
         sigma = calibrate_distributed_sigma(float(self.epsilon), float(self.delta), releases, self.clients, self.grid)
         return DistributedGuarantee(float(self.epsilon), float(self.delta), float(self.clip), int(self.basis), sigma,
                                     releases, public, estimator=self.estimator, clients=int(self.clients),
-                                    grid=int(self.grid))
-
-
-def _rng(seed: int, *names: object) -> np.random.Generator:
-    text = ":".join(str(x) for x in (seed, *names))
-    return np.random.default_rng(int.from_bytes(hashlib.sha256(text.encode()).digest()[:16], "little"))
+                                    grid=int(self.grid), sensitivity=SIGNED_SENSITIVITY * self.unit.sensitivity_factor,
+                                    unit=self.unit.kind, windows_per_unit=self.unit.windows)
 
 
 def secure_noisy_sum(release, key: str, stats: Sequence[Deviations]) -> torch.Tensor:
@@ -161,7 +141,7 @@ def secure_noisy_sum(release, key: str, stats: Sequence[Deviations]) -> torch.Te
     limit = 2**62 // g.clients
     uploads = {}
     for c, stat in enumerate(stats):
-        noise = discrete_gaussian(std, dim, _rng(release.noise_seeds[c], "dp-distributed-noise", key))
+        noise = release.noise[c].discrete_gaussian(std, dim, "dp-distributed-noise", key)
         value = stat.grid_sum.numpy() + noise
         if np.abs(value).max(initial=0) >= limit:
             raise OverflowError(f"release {label}: a client's noisy sum leaves the 2^64 ring's safe range")
@@ -175,16 +155,17 @@ def secure_noisy_sum(release, key: str, stats: Sequence[Deviations]) -> torch.Te
 
 
 def public_dp(mechanism: str, epsilon: float, delta: float, clip: float, basis: int, clients: int | None,
-              public_ids: torch.Tensor, estimator: str = THRESHOLD) -> PublicDP:
+              public_ids: torch.Tensor, estimator: str = THRESHOLD, unit: ProtectedUnit = ProtectedUnit()) -> PublicDP:
     """``--dp-mechanism normalised|distributed`` with its public text and ``--dp-estimator``."""
     if mechanism == NORMALISED:
         if clients is not None:
             raise ValueError("--dp-clients: the normalised mechanism is one client's (distributed shares the noise)")
         if not math.isfinite(epsilon):
             raise ValueError("--dp-mechanism normalised needs a finite --dp-epsilon (without DP, omit --dp-epsilon)")
-        return PublicDP(NormalisedTarget(epsilon, delta, clip, basis, estimator), public_ids)
+        return PublicDP(NormalisedTarget(epsilon, delta, clip, basis, estimator, unit), public_ids)
     if mechanism == DISTRIBUTED:
         if clients is None:
             raise ValueError("--dp-mechanism distributed needs --dp-clients (how many clients share the noise)")
-        return PublicDP(DistributedTarget(epsilon, delta, clip, basis, clients, estimator=estimator), public_ids)
+        return PublicDP(DistributedTarget(epsilon, delta, clip, basis, clients, estimator=estimator, unit=unit),
+                        public_ids)
     raise ValueError(f"unknown DP mechanism {mechanism!r}; known: gaussian, {NORMALISED}, {DISTRIBUTED}")

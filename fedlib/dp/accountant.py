@@ -1,6 +1,8 @@
-"""Accounting of the distributed discrete Gaussian sum (:mod:`fedlib.privacy.dp_distributed`):
+"""Accounting of the distributed discrete Gaussian sum (:mod:`fedlib.dp.distributed`):
 its header vocabulary and its (epsilon, delta) by RDP (Kairouz, Liu & Steinke, ICML 2021,
-Prop. 14; the derivation is in that module's docstring).
+Prop. 14; the derivation is in that module's docstring), the trust model's other cases (one
+client dropping out, the coordinator colluding with clients: :func:`trust_model`) and the
+composition of a pool's releases (:func:`composed_epsilon`, the ledger's total).
 
 A leaf of the mechanism: the mask file's reader (:mod:`fedlib.maskfile`) checks a distributed
 mask's stated guarantee with these functions without importing the mechanism, which imports
@@ -12,7 +14,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from fedlib.privacy.dp_public import NORMALISED_FIELDS
+from fedlib.dp.public import NORMALISED_FIELDS
 
 DISTRIBUTED = "distributed"
 ACCOUNTANT = "rdp-ddg"
@@ -67,3 +69,46 @@ def calibrate_distributed_sigma(epsilon: float, delta: float, releases: int, cli
     while rdp_epsilon(sigma, releases, delta, clients, grid) > epsilon:
         sigma *= 1 + 1e-6
     return sigma
+
+
+def trust_model(header: dict) -> dict:
+    """The epsilon of a release (its ``x_dp`` as a dict) under the trust model every DP table
+    states: an honest-but-curious coordinator and all K clients honest (the claimed epsilon),
+    and, for the distributed sum, when one client drops out (its noise share leaves with it) and
+    when the coordinator colludes with c clients (it knows their shares): K - c shares of
+    variance sigma^2 Delta^2 / K remain, a Gaussian of multiplier sigma sqrt((K - c) / K), with
+    the same per-client share in the discrete term. A per-client release (no ``clients``) is
+    protected by that client's own noise: collusion does not change it. Returns
+    {"all_honest", "one_dropout", "collusion": {c: epsilon}} (inf when no share remains)."""
+    epsilon = float(header["epsilon"])
+    clients = int(header.get("clients", 1)) if header.get("mechanism") == DISTRIBUTED else None
+    if clients is None:
+        return {"all_honest": epsilon, "one_dropout": epsilon, "collusion": {}}
+    sigma, releases, delta, grid = float(header["sigma"]), int(header["releases"]), float(header["delta"]), int(
+        header["grid"])
+
+    def remaining(shares: int) -> float:
+        if shares < 1:
+            return math.inf
+        return rdp_epsilon(sigma * math.sqrt(shares / clients), releases, delta, shares, grid)
+
+    return {"all_honest": epsilon, "one_dropout": remaining(clients - 1),
+            "collusion": {c: remaining(clients - c) for c in range(1, clients)}}
+
+
+def composed_epsilon(headers, delta: float) -> float:
+    """The epsilon at ``delta`` of every release of one data pool together (their ``x_dp``
+    dicts): each a ``releases``-fold Gaussian of multiplier ``sigma``, composed by RDP, plus the
+    discrete term of each distributed one (:func:`tau_term`). A pool's ledger total."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    headers = list(headers)
+    if not headers:
+        return 0.0
+    accountant = RdpAccountant()
+    accountant.compose(dp_accounting.ComposedDpEvent([_composed_event(float(h["sigma"]), int(h["releases"]))
+                                                      for h in headers]))
+    tau = sum(tau_term(float(h["sigma"]), int(h["clients"]), int(h["grid"]), int(h["releases"]))
+              for h in headers if h.get("mechanism") == DISTRIBUTED)
+    return float(accountant.get_epsilon(delta)) + tau

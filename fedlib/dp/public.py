@@ -1,7 +1,7 @@
 """DP Wanda masks that degrade to the public mask (issue 29): per-sample statistics normalised
 by public text's, clipped, noised, and shrunk toward the public prior.
 
-Why. The Gaussian mechanism of :mod:`fedlib.privacy.dp` clips each sample's raw per-channel
+Why. The Gaussian mechanism of :mod:`fedlib.dp.gaussian` clips each sample's raw per-channel
 energy vector, so a few outlier channels use up the clip, and it clamps the noisy sums at 0,
 which prunes whole columns: at any useful ε its masks are far worse than Wanda on public text
 alone. Here the public text is the prior and the private data only corrects it.
@@ -14,13 +14,13 @@ same prior, and the release of a block does not depend on the earlier releases (
 sum needs no round per block: one round in all).
 
 Statistic. For release r (a block input that one or more linears read,
-:func:`fedlib.privacy.dp.input_key`) with public per-token channel energy p_j (Wanda's
+:func:`fedlib.dp.gaussian.input_key`) with public per-token channel energy p_j (Wanda's
 mean x_j^2 on the public text), sample s with T tokens and channel energies v_s[j] gives the
 relative deviation u_s[j] = v_s[j] / (T p_j) - 1, or its coefficients B u_s in a public basis B
 (``basis`` = k rows, :func:`public_basis`). u_s is L2-clipped to C_r = ``clip`` x (the rms norm of
 the public samples' own u), a data-independent scale. u_s is signed: the replace-one sensitivity
 of the sum is 2 C_r (two clipped vectors can point in opposite directions), not sqrt(2) C_r as
-for the non-negative vectors of :mod:`fedlib.privacy.dp`. The noise is N(0, (sigma 2 C_r)^2) per
+for the non-negative vectors of :mod:`fedlib.dp.gaussian`. The noise is N(0, (sigma 2 C_r)^2) per
 coordinate.
 
 Estimate (post-processing; ``estimator`` in ``x_dp``). With n samples, the noisy mean deviation
@@ -62,10 +62,10 @@ signal about 3 % of the noise per coordinate) the fitted prior let a few percent
 through and the mask was 1 % worse than the public one in PTB perplexity.
 
 Accounting: ``releases`` Gaussian mechanisms of noise multiplier sigma (std / sensitivity), PLD
-as in :mod:`fedlib.privacy.dp`; the public text and the public mask are constants. The distributed
+as in :mod:`fedlib.dp.gaussian`; the public text and the public mask are constants. The distributed
 mechanism (the sum of every client's statistic under secure aggregation, each client adding
-1/sqrt(K) of the noise) is in :mod:`fedlib.privacy.dp_distributed` (which imports this module, not
-the reverse; :func:`fedlib.privacy.dp_distributed.public_dp` builds either); both run in :func:`federation_pass`.
+1/sqrt(K) of the noise) is in :mod:`fedlib.dp.distributed` (which imports this module, not
+the reverse; :func:`fedlib.dp.distributed.public_dp` builds either); both run in :func:`federation_pass`.
 """
 
 from __future__ import annotations
@@ -74,22 +74,24 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
 
 from fedlib.client import Pruning, decide_block, resolve_method
-from fedlib.groups import seeded_generator
 from fedlib.methods.base import LayerPruner
 from fedlib.methods.wanda import WandaPruner, wanda_scores
-from fedlib.privacy.dp import (
+from fedlib.dp.gaussian import (
     ACCOUNTANT,
     NEIGHBOURS,
+    RELEASE_FIELDS,
     calibrate_sigma,
     count_releases,
     input_key,
 )
+from fedlib.dp.samplers import SEEDED, NoiseSource
+from fedlib.dp.unit import CLIENT, ProtectedUnit
 from fedlib.runner import BlockDecision, BlockRunner
 
 #: the mechanisms of this module's family (``x_dp``'s ``mechanism``)
@@ -100,7 +102,7 @@ SIGNED_SENSITIVITY = 2.0
 FALSE_KEEP = 1e-3
 #: header fields of a normalised mechanism's ``x_dp``, in the writer's order
 NORMALISED_FIELDS = ("mechanism", "epsilon", "delta", "clip", "basis", "sensitivity", "sigma", "accountant",
-                     "neighbours", "releases", "public", "estimator")
+                     "neighbours", "releases", "public", "estimator", *RELEASE_FIELDS)
 #: how a noisy mean deviation becomes the estimate (``x_dp``'s ``estimator``; module docstring)
 THRESHOLD, POSTERIOR = "threshold", "posterior"
 ESTIMATORS = (THRESHOLD, POSTERIOR)
@@ -230,27 +232,52 @@ class View:
     basis: int
     clip: float
     grid: int | None = None
+    #: each client's mean deviation clipped once (a client unit), not each window
+    per_client: bool = False
 
     @classmethod
     def of(cls, guarantee) -> "View":
-        return cls(guarantee.basis, guarantee.clip, getattr(guarantee, "grid", None))
+        return cls(guarantee.basis, guarantee.clip, getattr(guarantee, "grid", None), guarantee.unit == CLIENT)
 
 
 class Deviations:
-    """One view's sums of a client's clipped per-sample deviations: float64, and on the grid."""
+    """One view's sum of a client's clipped deviations, float64 and (``sum``, ``grid_sum``) on
+    the grid: each window's clipped, or (``view.per_client``) the client's mean deviation
+    clipped once. ``units``: the rows summed (windows, or 1 for the client)."""
 
     def __init__(self, prior: PublicPrior, view: View):
         self.prior, self.view, self.bound = prior, view, view.clip * prior.unit
-        self.sum = torch.zeros(prior.dim, dtype=torch.float64)
-        self.grid_sum = torch.zeros(prior.dim, dtype=torch.int64) if view.grid else None
+        self._rows = torch.zeros(prior.dim, dtype=torch.float64)  # per_client: the unclipped sum
+        self._grid = torch.zeros(prior.dim, dtype=torch.int64) if view.grid else None
         self.n_samples = 0
 
     def add(self, energies: torch.Tensor, tokens: int) -> None:
-        rep = clip_rows(self.prior.represent(energies, tokens), self.bound)
-        self.sum += rep.sum(dim=0)
-        if self.grid_sum is not None:
-            self.grid_sum += to_grid(rep, self.bound, self.view.grid).sum(dim=0)
+        rep = self.prior.represent(energies, tokens)
         self.n_samples += rep.shape[0]
+        if self.view.per_client:
+            self._rows += rep.sum(dim=0)
+            return
+        rep = clip_rows(rep, self.bound)
+        self._rows += rep.sum(dim=0)
+        if self._grid is not None:
+            self._grid += to_grid(rep, self.bound, self.view.grid).sum(dim=0)
+
+    def _client_row(self) -> torch.Tensor:
+        return clip_rows((self._rows / max(self.n_samples, 1))[None], self.bound)
+
+    @property
+    def sum(self) -> torch.Tensor:
+        return self._client_row()[0] if self.view.per_client else self._rows
+
+    @property
+    def grid_sum(self) -> torch.Tensor | None:
+        if self._grid is None or not self.view.per_client:
+            return self._grid
+        return to_grid(self._client_row(), self.bound, self.view.grid)[0]
+
+    @property
+    def units(self) -> int:
+        return 1 if self.view.per_client else self.n_samples
 
 
 def to_grid(rows: torch.Tensor, bound: float, grid: int) -> torch.Tensor:
@@ -380,8 +407,10 @@ def noise_threshold(std: float, coordinates: int, level: float = FALSE_KEEP) -> 
 @dataclass(frozen=True)
 class NormalisedGuarantee:
     """What a normalised DP client's mask file proves: (epsilon, delta)-DP w.r.t. replacing
-    one calibration sample, from ``releases`` Gaussian releases of noise multiplier ``sigma``
-    with sensitivity ``sensitivity`` x the release's clip (``clip`` x the public scale)."""
+    one ``unit`` of at most ``windows_per_unit`` windows (:mod:`fedlib.dp.unit`), from
+    ``releases`` Gaussian releases of noise multiplier ``sigma`` with sensitivity
+    ``sensitivity`` (2 x windows_per_unit) x the release's clip (``clip`` x the public scale);
+    ``noise``: secret or seeded (:mod:`fedlib.dp.samplers`)."""
 
     epsilon: float
     delta: float
@@ -395,6 +424,9 @@ class NormalisedGuarantee:
     accountant: str = ACCOUNTANT
     neighbours: str = NEIGHBOURS
     estimator: str = THRESHOLD
+    unit: str = ProtectedUnit().kind
+    windows_per_unit: int = 1
+    noise: str = SEEDED
     #: the ``x_dp`` fields, in the writer's order
     FIELDS: ClassVar[tuple[str, ...]] = NORMALISED_FIELDS
 
@@ -416,6 +448,7 @@ class NormalisedTarget:
     clip: float
     basis: int = 0
     estimator: str = THRESHOLD
+    unit: ProtectedUnit = ProtectedUnit()
     mechanism = NORMALISED
 
     def __post_init__(self):
@@ -435,7 +468,9 @@ class NormalisedTarget:
         sigma = 0.0 if not math.isfinite(self.epsilon) else calibrate_sigma(float(self.epsilon), float(self.delta),
                                                                            releases)
         return NormalisedGuarantee(float(self.epsilon), float(self.delta), float(self.clip), int(self.basis), sigma,
-                                   releases, public, estimator=self.estimator)
+                                   releases, public, estimator=self.estimator,
+                                   sensitivity=SIGNED_SENSITIVITY * self.unit.sensitivity_factor,
+                                   unit=self.unit.kind, windows_per_unit=self.unit.windows)
 
 
 # --------------------------------------------------------------------------- one pass
@@ -445,18 +480,35 @@ class NormalisedTarget:
 class Release:
     """One DP mechanism to run in a pass: per client (``shared=False``: each client's noisy
     estimate, one mask per client) or distributed (``shared=True``: the clients' secure sum,
-    one mask). ``noise_seeds``: the clients' secret seeds. ``sink(client, block, decision)``
-    receives its masks (client None: the distributed mask)."""
+    one mask). ``noise``: the clients' noise sources (:mod:`fedlib.dp.samplers`).
+    ``sink(client, block, decision)`` receives its masks (client None: the distributed mask).
+
+    ``noisy_sums`` holds the noisy sums as they are drawn ((client or None, input) -> sum):
+    releases given the same dict are ONE noisy release whose estimators are post-processing of
+    the same sums (the first to reach an input draws its noise, the others read it), one epsilon
+    in all; :func:`release_digest` names those sums in each mask file's header."""
 
     label: str
     guarantee: object
-    noise_seeds: Sequence[int]
+    noise: Sequence[NoiseSource]
     sink: Callable[[int | None, int, BlockDecision], None]
     shared: bool = False
-    secagg_seed: int | None = 0
+    #: the SecAgg round's secrets: a simulation's seed, or None (the OS's)
+    secagg_seed: int | None = None
     #: the SecAgg round's (clients, server, reveals), set up at the first sum: one round masks
     #: every statistic of the pass (a vector per input), and each client reveals its shares once
     secagg_round: tuple | None = None
+    noisy_sums: dict = field(default_factory=dict)
+
+
+def release_digest(release: Release, client: int | None = None) -> str:
+    """SHA-256 of the noisy sums one mask file of ``release`` was estimated from (``client``
+    None: the secure sum's), in the pass's order: equal for estimators of one noisy release."""
+    digest = hashlib.sha256()
+    for (owner, key), total in release.noisy_sums.items():
+        if owner == client:
+            digest.update(key.encode() + b"\0" + total.to(torch.float64).contiguous().numpy().tobytes())
+    return f"sha256:{digest.hexdigest()}"
 
 
 def federation_pass(
@@ -501,9 +553,11 @@ def federation_pass(
                 estimates = {}
                 for key in keys:
                     parts = [c[key][view] for c in collected]
-                    total = g.secure_sum(release, key, parts)
+                    if (None, key) not in release.noisy_sums:
+                        release.noisy_sums[None, key] = g.secure_sum(release, key, parts)
                     prior = parts[0].prior
-                    estimates[key] = shrunk_energies(prior, total, sum(p.n_samples for p in parts),
+                    estimates[key] = shrunk_energies(prior, release.noisy_sums[None, key],
+                                                     sum(p.units for p in parts),
                                                      g.noise_std(parts[0].bound, prior.dim), shape, g.estimator)
                 release.sink(None, step.index, _estimate_decision(step, estimates, pruning))
                 continue
@@ -512,9 +566,10 @@ def federation_pass(
                 for key in keys:
                     stat = by_key[key][view]
                     std = g.noise_std(stat.bound)
-                    noise = torch.randn(stat.sum.shape, generator=seeded_generator(
-                        release.noise_seeds[c], "dp-normalised-noise", key), dtype=torch.float64) * std
-                    estimates[key] = shrunk_energies(stat.prior, stat.sum + noise, stat.n_samples, std,
+                    if (c, key) not in release.noisy_sums:
+                        release.noisy_sums[c, key] = stat.sum + release.noise[c].normal(
+                            stat.sum.shape, "dp-normalised-noise", key) * std
+                    estimates[key] = shrunk_energies(stat.prior, release.noisy_sums[c, key], stat.units, std,
                                                      shape, g.estimator)
                 release.sink(c, step.index, _estimate_decision(step, estimates, pruning))
         if public_sink is not None:
@@ -538,11 +593,6 @@ def collecting_sink(store: dict) -> Callable[[int | None, int, BlockDecision], N
 # --------------------------------------------------------------------------- one client or federation
 
 
-def _seed_of(seed: int, *names: object) -> int:
-    text = ":".join(str(x) for x in (seed, *names))
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
-
-
 @dataclass(frozen=True, eq=False)
 class PublicDP:
     """A normalised or distributed mechanism with the public text its clients normalise by:
@@ -561,29 +611,33 @@ class PublicDP:
     def shared(self) -> bool:
         return self.target.mechanism != NORMALISED
 
+    @property
+    def unit(self) -> ProtectedUnit:
+        return self.target.unit
+
     def guarantee(self, layer_names: Iterable[str]):
         return self.target.guarantee(layer_names, tokens_digest(self.public_ids))
 
-    def client_masks(self, model, input_ids: torch.Tensor, pruning: Pruning, *, noise_seed: int,
+    def client_masks(self, model, input_ids: torch.Tensor, pruning: Pruning, *, noise: NoiseSource,
                      blocks: int | None = None,
                      sink: Callable[[int, BlockDecision], None] | None = None) -> dict[str, torch.Tensor]:
         """The mask of a client with data ``input_ids``, pruned as ``pruning`` says (plain Wanda:
         no method options), (distributed: of a federation whose
-        ``target.clients`` clients hold its consecutive parts, each with a noise seed derived
-        from ``noise_seed``), blocks ``0..blocks-1``. ``sink(block, decision)`` gets the masks
+        ``target.clients`` clients hold its consecutive parts, each drawing its share from
+        ``noise``), blocks ``0..blocks-1``. ``sink(block, decision)`` gets the masks
         as they are decided (a client streams them to its file); returns them (empty with a sink)."""
         from fedlib.models import prunable_layers
 
         names = [info.name for info in prunable_layers(model) if blocks is None or info.block < blocks]
-        guarantee = self.guarantee(names)
+        guarantee = replace(self.guarantee(names), noise=noise.mode)
         parts = list(input_ids.tensor_split(self.target.clients)) if self.shared else [input_ids]
         if any(part.shape[0] == 0 for part in parts):
             raise ValueError(f"{input_ids.shape[0]} samples cannot be split over {len(parts)} clients")
-        seeds = [_seed_of(noise_seed, "client", c) for c in range(len(parts))] if self.shared else [noise_seed]
+        sources = [noise.derive("client", c) for c in range(len(parts))] if self.shared else [noise]
         store: dict = {}
         keep = collecting_sink(store)
-        release = Release("client", guarantee, seeds, keep if sink is None else (lambda _c, b, d: sink(b, d)),
-                          shared=self.shared, secagg_seed=_seed_of(noise_seed, "secagg"))
+        release = Release("client", guarantee, sources, keep if sink is None else (lambda _c, b, d: sink(b, d)),
+                          shared=self.shared, secagg_seed=noise.secagg_seed("secagg"))
         if resolve_method(pruning.method) is not resolve_method("wanda") or pruning.options:
             raise ValueError(f"DP masks are plain Wanda's, not {pruning.method!r} with options {pruning.options}")
         federation_pass(model, self.public_ids, parts, pruning, [release], blocks=blocks)
