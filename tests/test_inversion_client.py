@@ -17,7 +17,7 @@ from fedlib.maskfile import MaskFileError, write_mask_file
 from fedlib.models import fingerprint, prunable_layers
 from fedlib.privacy.audit_report import inversion_client_table
 from fedlib.privacy.inversion import QKV, _Problem, refine_bag, token_sq_activations, wanda_block0_masks
-from fedlib.privacy.membership import t_interval
+from fedlib.stats import t_interval
 from fedlib.privacy.stages.inversion import client_inversion, tiny_llama_for_inversion
 
 torch.set_num_threads(1)

@@ -49,7 +49,6 @@ from fedlib.privacy.membership import (
     auc_ci,
     audit_epsilon,
     bootstrap_auc_ci,
-    clopper_pearson,
     confusion_at_threshold,
     direction_statistic,
     epsilon_lower_bound,
@@ -69,6 +68,7 @@ from fedlib.privacy.similarity import (
     mean_pairwise_hamming,
     pairwise_hamming,
 )
+from fedlib.stats import clopper_pearson
 
 __all__ = [
     "debias_counts",

@@ -869,7 +869,7 @@ def attribute_table(spec: dict) -> list[Path]:
 
 def _mean_cell(values) -> str:
     """Mean over clients with its 95 % t interval (the mean alone for one client)."""
-    from fedlib.privacy.membership import t_interval
+    from fedlib.stats import t_interval
 
     if len(values) < 2:
         return pct(values[0], 1)
@@ -910,7 +910,7 @@ def inversion_client_table(spec: dict) -> list[Path]:
                      *[f"{100 * (res[key] - res['unigram_bag_overlap'][init]):+.1f} pp" for key in STAGES],
                      f"{pct(res['mask_agreement'], 3)} / {pct(res['baseline_agreement'], 3)}"])
     if len(results) > 1:
-        from fedlib.privacy.membership import t_interval
+        from fedlib.stats import t_interval
 
         gains = []
         for key in STAGES:
