@@ -12,7 +12,8 @@ Contents
   exact :func:`separated_auc_bound` at perfect separation).
 * Intervals: :mod:`fedlib.stats` (Clopper-Pearson, t, bootstrap; on scipy).
 * DP auditing: :func:`epsilon_lower_bound` (Jagielski et al. 2020; Nasr et al. 2021) from
-  a confusion matrix, :func:`audit_epsilon` from scores with a threshold chosen on a
+  a confusion matrix, its ceiling at a game size (:func:`epsilon_ceiling`, the bound of a perfect
+  attack), :func:`audit_epsilon` from scores with a threshold chosen on a
   held-out split (choosing it on the evaluation data would bias the bound upwards).
 * LiRA-style attack (Carlini et al. 2022): :func:`lira_scores` over generic per-target
   shadow statistics; :func:`target_direction` / :func:`direction_statistic` turn masks
@@ -213,6 +214,29 @@ def epsilon_lower_bound(
     return max([0.0, *candidates])
 
 
+def epsilon_ceiling(n_members: int, n_nonmembers: int, confidence: float = 0.95, delta: float = 0.0) -> float:
+    """The largest bound :func:`epsilon_lower_bound` can give for a game of ``n_members`` members
+    and ``n_nonmembers`` non-members: that of a perfect attack (TP = n_members, FP = 0).
+
+    The bound only grows as TP grows or FP falls (the Clopper-Pearson lower end of TPR rises with
+    TP, the upper end of FPR falls with FP, and both forms are monotone in them), so no attack,
+    however strong, can show more at this size; an audited ε above it is impossible, and a proven
+    ε above it cannot be refuted by this game. Closed form at δ = 0: with a = (1 - confidence)/2,
+    ln(a^(1/n_m) / (1 - a^(1/n_n))) (the larger of this and its mirror image).
+    """
+    return epsilon_lower_bound(n_members, 0, 0, n_nonmembers, confidence, delta)
+
+
+def audit_ceilings(n_members: int, n_nonmembers: int, confidence: float = 0.95, delta: float = 0.0,
+                   select_fraction: float = 0.5) -> dict:
+    """:func:`epsilon_ceiling` of both of :func:`audit_epsilon`'s constructions: ``lr1`` (an a-priori
+    threshold, the bound on every score) and ``split`` (the bound on the part left after the
+    threshold is chosen on ``select_fraction`` of each group)."""
+    kp, kn = int(n_members * select_fraction), int(n_nonmembers * select_fraction)
+    return {"lr1": epsilon_ceiling(n_members, n_nonmembers, confidence, delta),
+            "split": epsilon_ceiling(n_members - kp, n_nonmembers - kn, confidence, delta)}
+
+
 def confusion_at_threshold(scores_members, scores_nonmembers, threshold: float) -> tuple:
     """(tp, fn, fp, tn) for the rule member iff score >= threshold."""
     pos, neg = _as_1d(scores_members), _as_1d(scores_nonmembers)
@@ -236,7 +260,8 @@ def audit_epsilon(
     (seeded, stratified): the threshold maximising the bound is chosen on the
     ``select_fraction`` part and the bound is computed on the rest, so the reported figure
     keeps its confidence level (a threshold tuned on the evaluation scores would not).
-    Returns the bound, the threshold and the evaluation confusion counts.
+    Returns the bound, the threshold and the evaluation confusion counts (whose sums give the
+    game's ceiling, :func:`epsilon_ceiling`).
     """
     pos, neg = _as_1d(scores_members), _as_1d(scores_nonmembers)
     if threshold is None:
