@@ -3,13 +3,13 @@
 An entry holds what the rest of fedlib reads about an analysis: its name (the config's
 ``privacy.<name>``), its default sizes (the config overrides them key by key; ``privacy.full``
 again for the full audit), the workflow target that runs it (:data:`AUDIT`, ``privacy``: the
-bundled audit of ``make run``), the ``fedlib privacy`` report verb and the
-:mod:`fedlib.privacy.audit_report` writer behind it, and the files that writer makes under
+bundled audit of ``make run``), the ``fedlib privacy`` report verb, its table module
+(:mod:`fedlib.privacy.tables`) and the writer there, and the files that writer makes under
 ``reports/``. From these the catalog (:class:`fedlib.catalog.privacy.PrivacyCatalog`: sizes, the
 report rules' inputs and outputs), the command line (:mod:`fedlib.privacy_cli`: the report verbs),
 the rules (``workflow/rules/privacy.smk``: a report rule and a target per analysis with a target)
 and the README's figure blocks (``tools/readme_figures.py``) are built. A new analysis is its
-stage (:mod:`fedlib.privacy.stages`), its verb and table writer, its catalog spec
+stage (:mod:`fedlib.privacy.stages`), its verb and table module, its catalog spec
 (``PrivacyCatalog.<name>_spec``, with the paths of its results), its schema entry, and one entry here.
 
 Pure data, beside :mod:`fedlib.privacy` rather than in it: importing it imports nothing (not the
@@ -24,22 +24,31 @@ from dataclasses import dataclass, field
 
 #: the target of the bundled audit (part of `make run`): the analyses without a target of their own
 AUDIT = "privacy"
+#: the report verb of the bundled audit (and of secagg), assembled by fedlib.privacy.audit_report.write_reports
+REPORT = "report"
 
 
 @dataclass(frozen=True)
 class Analysis:
     """One privacy analysis (module docstring). ``outputs``: its files under ``reports/``, with
     ``{s}`` for the size's suffix (``""`` for the reduced sizes, ``_full`` for the full audit's);
-    ``sizes``: the size sets it is run at (``full`` only for analyses of the full audit)."""
+    ``sizes``: the size sets it is run at (``full`` only for analyses of the full audit);
+    ``writer``: the function of its :attr:`table_module` that writes its tables (``write(spec,
+    results)`` for the analyses of the ``report`` verb, else the report verb's ``writer(spec)``)."""
 
     name: str
     summary: str
     defaults: Mapping = field(default_factory=dict)
     target: str = AUDIT
-    report: str = "report"
-    writer: str = "write_reports"
+    report: str = REPORT
+    writer: str = "write"
     outputs: tuple[str, ...] = ()
     sizes: tuple[str, ...] = ("run",)
+
+    @property
+    def table_module(self) -> str:
+        """The module that renders its tables (its ``writer`` there)."""
+        return f"fedlib.privacy.tables.{self.name}"
 
     @property
     def tables(self) -> tuple[str, ...]:

@@ -46,15 +46,18 @@ from fedlib.cli_args import (
     set_threads,
     verb_parser,
 )
-from fedlib.privacy_analyses import ANALYSES, BY_NAME
+from fedlib.privacy_analyses import ANALYSES, BY_NAME, REPORT
 
 HELP = "privacy audit of shared masks: entropy, similarity, sensitivity, membership, inversion, defence"
 
-#: the report verbs (fedlib.privacy_analyses): verb -> (the fedlib.privacy.audit_report function that
-#: writes the tables from --spec, the analyses whose tables it writes)
+#: the report verbs (fedlib.privacy_analyses): verb -> (the function that writes the tables from --spec,
+#: as "module:function"; the analyses whose tables it writes). The bundled report's is the assembly of
+#: fedlib.privacy.audit_report, a named target's its table module's writer.
 REPORTS: dict[str, tuple[str, list]] = {}
 for _analysis in ANALYSES:
-    REPORTS.setdefault(_analysis.report, (_analysis.writer, []))[1].append(_analysis)
+    _writer = ("fedlib.privacy.audit_report:write_reports" if _analysis.report == REPORT
+               else f"{_analysis.table_module}:{_analysis.writer}")
+    REPORTS.setdefault(_analysis.report, (_writer, []))[1].append(_analysis)
 
 
 def _epsilon(value: str) -> float:
@@ -269,7 +272,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             f"{a.name} ({a.summary})" for a in analyses))
         p.add_argument("--spec", required=True, help=f"JSON: context, output folder, the result files "
                                                      f"(fedlib.catalog.privacy.PrivacyCatalog.report_spec; "
-                                                     f"fedlib.privacy.audit_report.{writer})")
+                                                     f"{writer})")
 
     p = sub.add_parser("dp-federation", help="a simulated DP federation: every client's normalised DP mask and the "
                        "distributed mechanism's, per release, from one pass (fedlib.privacy.stages.dp_federation)")
@@ -609,9 +612,10 @@ def _cmd_domain_report(args) -> None:
 
 
 def _cmd_report_tables(args) -> None:
-    from fedlib.privacy import audit_report
+    from importlib import import_module
 
-    for path in getattr(audit_report, REPORTS[args.analysis][0])(json.loads(args.spec)):
+    module, function = REPORTS[args.analysis][0].split(":")
+    for path in getattr(import_module(module), function)(json.loads(args.spec)):
         print(f"wrote {path}")
 
 

@@ -450,7 +450,7 @@ def write_draws_table(spec: dict, md_path: Path, csv_path: Path, html_path: Path
     row's value in each draw (several results in a draw: their mean) ± the half-width of its 95 %
     t interval over the draws; with a ``paired_reference`` in each draw, the row's paired
     difference from it in each draw, averaged over the draws with its t interval over the draws."""
-    from fedlib.privacy.membership import t_interval
+    from fedlib.stats import t_interval
 
     draws = spec["draws"]
     if len(draws) < 2:

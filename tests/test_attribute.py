@@ -81,7 +81,7 @@ def test_a_domain_of_constant_windows_is_found_on_a_real_tiny_model(model):
 def test_attribute_table_pools_the_seeds_games(model, tmp_path):
     """Per-seed rows are each game's attack; the pooled row's AUC is the Mann-Whitney AUC of all the
     property's games together, by brute force; a game of other sizes is refused."""
-    from fedlib.privacy.audit_report import attribute_table
+    from fedlib.privacy.tables.attribute import attribute_table
 
     with_rows = _ids(8, vocab=6, seed=3)
     files = []

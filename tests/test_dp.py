@@ -236,7 +236,7 @@ def test_dp_utility_table_against_its_inputs(tiny_model_dir, tmp_path):
 
     from fedlib.cli import main
     from fedlib.data import save_tokens
-    from fedlib.privacy.audit_report import dp_utility_table
+    from fedlib.privacy.tables.dp import dp_utility_table
 
     calib = tmp_path / "calib.safetensors"
     save_tokens(calib, torch.randint(0, 100, (4, 12), generator=torch.Generator().manual_seed(0)), dataset="test",

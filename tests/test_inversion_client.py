@@ -1,6 +1,6 @@
 """The server inverts a client's uploaded mask file to its whole calibration set
 (fedlib.privacy.stages.inversion.client_inversion, fedlib.privacy.inversion.refine_bag) and the
-table over clients (fedlib.privacy.audit_report.inversion_client_table)."""
+table over clients (fedlib.privacy.tables.inversion_client.inversion_client_table)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from scipy import stats
 from fedlib.client import Pruning, prune_locally
 from fedlib.maskfile import MaskFileError, write_mask_file
 from fedlib.models import fingerprint, prunable_layers
-from fedlib.privacy.audit_report import inversion_client_table
+from fedlib.privacy.tables.inversion_client import inversion_client_table
 from fedlib.privacy.inversion import QKV, _Problem, refine_bag, token_sq_activations, wanda_block0_masks
-from fedlib.privacy.membership import t_interval
+from fedlib.stats import t_interval
 from fedlib.privacy.stages.inversion import client_inversion, tiny_llama_for_inversion
 
 torch.set_num_threads(1)

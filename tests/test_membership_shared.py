@@ -153,7 +153,7 @@ def test_a_real_game_on_a_tiny_model():
 
 
 def test_table_pools_seeds_and_checks_sizes(tmp_path):
-    from fedlib.privacy.audit_report import membership_shared_table
+    from fedlib.privacy.tables.membership_shared import membership_shared_table
 
     model = tiny_llama(hidden=64)
     pop = _ids(4, seqlen=12, seed=7)

@@ -170,6 +170,24 @@ def test_epsilon_lower_bound_formula():
     assert epsilon_lower_bound(100, 0, 0, 100, c, delta=0.5) < epsilon_lower_bound(100, 0, 0, 100, c)
 
 
+def test_epsilon_ceiling_is_the_best_of_every_confusion_matrix():
+    """No attack can show more than the ceiling: enumerate every (TP, FP) a game of this size can
+    give, and check the closed form a = 0.025: ln(a^(1/n_m) / (1 - a^(1/n_n))) and the issue's figures."""
+    from fedlib.privacy import audit_ceilings, epsilon_ceiling
+
+    for n_m, n_n, delta in [(16, 16, 0.0), (8, 13, 0.0), (12, 12, 1e-3)]:
+        best = max(epsilon_lower_bound(tp, n_m - tp, fp, n_n - fp, 0.95, delta)
+                   for tp in range(n_m + 1) for fp in range(n_n + 1))
+        assert epsilon_ceiling(n_m, n_n, 0.95, delta) == best
+    for n in (16, 32, 1000):
+        a = 0.025 ** (1 / n)
+        assert epsilon_ceiling(n, n) == pytest.approx(math.log(a / (1 - a)), rel=1e-9)
+    assert round(epsilon_ceiling(16, 16), 2) == 1.35 and round(epsilon_ceiling(32, 32), 2) == 2.10
+    # the split construction bounds on the half left after choosing the threshold
+    assert audit_ceilings(32, 32) == {"lr1": epsilon_ceiling(32, 32), "split": epsilon_ceiling(16, 16)}
+    assert audit_ceilings(33, 31)["split"] == epsilon_ceiling(17, 16)
+
+
 def test_bootstrap_auc_ci_is_seeded_and_covers():
     rng = np.random.default_rng(1)
     pos, neg = rng.normal(1, 1, 60), rng.normal(0, 1, 60)

@@ -92,7 +92,7 @@ def paired_ppl_ratio(variant_nll: Sequence[float], reference_nll: Sequence[float
     mean NLLs of the same, equally long windows (so the mean over windows is the mean over
     tokens), and its Student's t interval over the windows' paired differences (pairing removes
     the between-window variance both share)."""
-    from fedlib.privacy.membership import t_interval
+    from fedlib.stats import t_interval
 
     if len(variant_nll) != len(reference_nll):
         raise ValueError(f"{len(variant_nll)} windows against {len(reference_nll)}: not the same windows")

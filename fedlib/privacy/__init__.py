@@ -47,11 +47,12 @@ from fedlib.privacy.inversion import (
 from fedlib.privacy.membership import (
     TprAtFpr,
     auc_ci,
+    audit_ceilings,
     audit_epsilon,
     bootstrap_auc_ci,
-    clopper_pearson,
     confusion_at_threshold,
     direction_statistic,
+    epsilon_ceiling,
     epsilon_lower_bound,
     lira_scores,
     roc_auc,
@@ -69,6 +70,7 @@ from fedlib.privacy.similarity import (
     mean_pairwise_hamming,
     pairwise_hamming,
 )
+from fedlib.stats import clopper_pearson
 
 __all__ = [
     "debias_counts",
@@ -97,11 +99,13 @@ __all__ = [
     "wanda_block0_masks",
     "TprAtFpr",
     "auc_ci",
+    "audit_ceilings",
     "audit_epsilon",
     "bootstrap_auc_ci",
     "clopper_pearson",
     "confusion_at_threshold",
     "direction_statistic",
+    "epsilon_ceiling",
     "epsilon_lower_bound",
     "lira_scores",
     "roc_auc",

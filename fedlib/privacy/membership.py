@@ -10,9 +10,10 @@ Contents
   :func:`tpr_at_fpr` (with an explicit note when the target FPR is below the resolution
   1/n_nonmembers of the data), :func:`bootstrap_auc_ci`, :func:`auc_ci` (bootstrap, or the
   exact :func:`separated_auc_bound` at perfect separation).
-* Proportions: :func:`clopper_pearson` (exact binomial interval via ``scipy.stats.beta``).
+* Intervals: :mod:`fedlib.stats` (Clopper-Pearson, t, bootstrap; on scipy).
 * DP auditing: :func:`epsilon_lower_bound` (Jagielski et al. 2020; Nasr et al. 2021) from
-  a confusion matrix, :func:`audit_epsilon` from scores with a threshold chosen on a
+  a confusion matrix, its ceiling at a game size (:func:`epsilon_ceiling`, the bound of a perfect
+  attack), :func:`audit_epsilon` from scores with a threshold chosen on a
   held-out split (choosing it on the evaluation data would bias the bound upwards).
 * LiRA-style attack (Carlini et al. 2022): :func:`lira_scores` over generic per-target
   shadow statistics; :func:`target_direction` / :func:`direction_statistic` turn masks
@@ -32,6 +33,7 @@ import torch
 from scipy import stats
 
 from fedlib.privacy.similarity import hamming_fraction, hamming_total, mean_pairwise_hamming
+from fedlib.stats import bootstrap_interval, clopper_pearson
 
 # --------------------------------------------------------------------------- ROC
 
@@ -128,6 +130,14 @@ def tpr_at_fpr(scores_members, scores_nonmembers, fpr: float) -> TprAtFpr:
     )
 
 
+def _auc_along(pos: np.ndarray, neg: np.ndarray, axis: int = -1) -> np.ndarray:
+    """:func:`roc_auc` of every resample along ``axis`` (mid-ranks, as there)."""
+    ranks = stats.rankdata(np.concatenate([pos, neg], axis=axis), axis=axis)
+    n_pos, n_neg = pos.shape[axis], neg.shape[axis]
+    u = np.take(ranks, np.arange(n_pos), axis=axis).sum(axis=axis) - n_pos * (n_pos + 1) / 2.0
+    return u / (n_pos * n_neg)
+
+
 def bootstrap_auc_ci(
     scores_members,
     scores_nonmembers,
@@ -136,15 +146,9 @@ def bootstrap_auc_ci(
     seed: int = 0,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval for the AUC, resampling members and non-members
-    separately (stratified), with a seeded ``numpy`` generator."""
+    separately (stratified), seeded (:func:`fedlib.stats.bootstrap_interval`)."""
     pos, neg = _as_1d(scores_members), _as_1d(scores_nonmembers)
-    rng = np.random.default_rng(seed)
-    aucs = np.empty(n_boot)
-    for b in range(n_boot):
-        aucs[b] = roc_auc(rng.choice(pos, pos.size), rng.choice(neg, neg.size))
-    alpha = 1.0 - confidence
-    lo, hi = np.quantile(aucs, [alpha / 2, 1 - alpha / 2])
-    return float(lo), float(hi)
+    return bootstrap_interval((pos, neg), _auc_along, confidence, n_boot, seed)
 
 
 def separated_auc_bound(n_members: int, n_nonmembers: int, confidence: float = 0.95) -> float:
@@ -175,45 +179,6 @@ def auc_ci(scores_members, scores_nonmembers, confidence: float = 0.95, n_boot: 
         bound = separated_auc_bound(pos.size, neg.size, confidence)
         return (bound, 1.0) if auc == 1.0 else (0.0, 1.0 - bound)
     return bootstrap_auc_ci(pos, neg, confidence, n_boot, seed)
-
-
-# --------------------------------------------------------------------------- means and proportions
-
-
-def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
-    """(mean, lower, upper): Student's t interval for the mean of independent values (e.g. one
-    figure per client, or paired differences); needs at least 2 values."""
-    x = np.asarray(values, dtype=np.float64)
-    if x.size < 2:
-        raise ValueError(f"a t interval needs at least 2 values, got {x.size}")
-    mean = float(x.mean())
-    half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
-    return mean, mean - half, mean + half
-
-
-
-def clopper_pearson(
-    k: int, n: int, confidence: float = 0.95, side: str = "two-sided"
-) -> tuple[float, float]:
-    """Exact (Clopper-Pearson) interval for a binomial proportion k/n.
-
-    ``side="two-sided"``: equal tails (1-confidence)/2 (same as scipy's
-    ``binomtest(k, n).proportion_ci(method="exact")``); ``"lower"``: one-sided lower bound
-    at level ``confidence`` (upper end 1); ``"upper"``: one-sided upper bound (lower end 0).
-    """
-    if n <= 0 or not 0 <= k <= n:
-        raise ValueError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
-    alpha = 1.0 - confidence
-    tail = alpha / 2 if side == "two-sided" else alpha
-    if side not in ("two-sided", "lower", "upper"):
-        raise ValueError(f"side must be two-sided, lower or upper, got {side!r}")
-    lo = 0.0 if k == 0 else float(stats.beta.ppf(tail, k, n - k + 1))
-    hi = 1.0 if k == n else float(stats.beta.ppf(1 - tail, k + 1, n - k))
-    if side == "lower":
-        hi = 1.0
-    elif side == "upper":
-        lo = 0.0
-    return lo, hi
 
 
 # --------------------------------------------------------------------------- DP auditing
@@ -249,6 +214,29 @@ def epsilon_lower_bound(
     return max([0.0, *candidates])
 
 
+def epsilon_ceiling(n_members: int, n_nonmembers: int, confidence: float = 0.95, delta: float = 0.0) -> float:
+    """The largest bound :func:`epsilon_lower_bound` can give for a game of ``n_members`` members
+    and ``n_nonmembers`` non-members: that of a perfect attack (TP = n_members, FP = 0).
+
+    The bound only grows as TP grows or FP falls (the Clopper-Pearson lower end of TPR rises with
+    TP, the upper end of FPR falls with FP, and both forms are monotone in them), so no attack,
+    however strong, can show more at this size; an audited ε above it is impossible, and a proven
+    ε above it cannot be refuted by this game. Closed form at δ = 0: with a = (1 - confidence)/2,
+    ln(a^(1/n_m) / (1 - a^(1/n_n))) (the larger of this and its mirror image).
+    """
+    return epsilon_lower_bound(n_members, 0, 0, n_nonmembers, confidence, delta)
+
+
+def audit_ceilings(n_members: int, n_nonmembers: int, confidence: float = 0.95, delta: float = 0.0,
+                   select_fraction: float = 0.5) -> dict:
+    """:func:`epsilon_ceiling` of both of :func:`audit_epsilon`'s constructions: ``lr1`` (an a-priori
+    threshold, the bound on every score) and ``split`` (the bound on the part left after the
+    threshold is chosen on ``select_fraction`` of each group)."""
+    kp, kn = int(n_members * select_fraction), int(n_nonmembers * select_fraction)
+    return {"lr1": epsilon_ceiling(n_members, n_nonmembers, confidence, delta),
+            "split": epsilon_ceiling(n_members - kp, n_nonmembers - kn, confidence, delta)}
+
+
 def confusion_at_threshold(scores_members, scores_nonmembers, threshold: float) -> tuple:
     """(tp, fn, fp, tn) for the rule member iff score >= threshold."""
     pos, neg = _as_1d(scores_members), _as_1d(scores_nonmembers)
@@ -272,7 +260,8 @@ def audit_epsilon(
     (seeded, stratified): the threshold maximising the bound is chosen on the
     ``select_fraction`` part and the bound is computed on the rest, so the reported figure
     keeps its confidence level (a threshold tuned on the evaluation scores would not).
-    Returns the bound, the threshold and the evaluation confusion counts.
+    Returns the bound, the threshold and the evaluation confusion counts (whose sums give the
+    game's ceiling, :func:`epsilon_ceiling`).
     """
     pos, neg = _as_1d(scores_members), _as_1d(scores_nonmembers)
     if threshold is None:

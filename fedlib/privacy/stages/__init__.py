@@ -2,7 +2,7 @@
 
 One module per analysis; each runs the :mod:`fedlib.privacy` library on real masks and returns
 one JSON-able result, written by ``fedlib privacy <analysis> ... --out X.json``
-(:mod:`fedlib.privacy_cli`); :mod:`fedlib.privacy.audit_report` turns the results into report
+(:mod:`fedlib.privacy_cli`); :mod:`fedlib.privacy.tables` turns the results into report
 tables and plots (``fedlib privacy report``).
 
 * :mod:`.entropy` — bits per entry of a mask vs the fp16 weights.

@@ -23,8 +23,9 @@ def attack_summary(members, nonmembers, fprs=(0.01, 0.001), confidence: float = 
     (+ Clopper-Pearson CI on the TPR, with the resolution caveat) and the ε lower bounds of one
     attack's scores (for a mechanism with this ``delta``: an (ε, δ)-DP one is audited at its δ)."""
     from fedlib.privacy.membership import (
-        audit_epsilon, auc_ci, clopper_pearson, roc_auc, roc_curve, tpr_at_fpr,
+        audit_epsilon, auc_ci, roc_auc, roc_curve, tpr_at_fpr,
     )
+    from fedlib.stats import clopper_pearson
 
     m, n = np.asarray(members, float), np.asarray(nonmembers, float)
     fpr, tpr, _ = roc_curve(m, n)

@@ -1,0 +1,94 @@
+"""Stage: a white-box audit of one release of the DP client mechanism (:mod:`fedlib.privacy.dp`),
+the audit that its positive control (:mod:`fedlib.privacy.control`) must fail.
+
+The mechanism releases, per distinct linear input, the sum of the samples' clipped per-channel
+statistics plus Gaussian noise. Replacing one sample (target t for other o) moves the sum by
+Δ = clip(v_t) − clip(v_o) whatever the other samples are, so the auditor, who picks the worst
+pair it can find, sees N(Δ, s²I) or N(0, s²I), s the guarantee's noise std. Its score, the
+projection of the observed sum minus the other samples' (known) part on Δ/|Δ|, is the
+Neyman–Pearson statistic of this pair. Each trial is a fresh noise draw of the release, so the
+game can be large for the price of one forward pass: ``trials`` per world, the threshold chosen
+on half (among non-member quantiles), the ε lower bound on the other half
+(:func:`fedlib.privacy.membership.audit_epsilon`), beside its ceiling.
+
+Only the first decoder block's attention input is audited: its statistic comes from the dense
+forward pass, so it is exactly the mechanism's. It is one of the mechanism's ``releases``
+Gaussian releases, so a bound on it is a lower bound for the whole mask (post-processing of all
+of them); for an honest mechanism it stays well below the proven ε (one release of many).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+#: the false-positive rates whose non-member quantiles are the candidate thresholds
+THRESHOLD_FPRS = (0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001)
+
+
+def attention_inputs(model, rows: torch.Tensor) -> torch.Tensor:
+    """The first decoder block's attention input (what q/k/v_proj read) for every row of token
+    ids: (rows, tokens, channels), from a dense forward pass stopped after that block."""
+    from fedlib.models import block_linears, decoder_blocks
+
+    q_proj = block_linears(decoder_blocks(model)[0])["self_attn.q_proj"]
+    seen: list[torch.Tensor] = []
+
+    class _Stop(Exception):
+        pass
+
+    def hook(_module, args):
+        seen.append(args[0].detach())
+        raise _Stop
+
+    handle = q_proj.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            model(rows)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def release_audit(model, population: torch.Tensor, dp, trials: int = 20000, blocks: int | None = None,
+                  confidence: float = 0.95, seed: int = 0) -> dict:
+    """The white-box audit of the first block's attention-input release (module docstring) of the
+    DP client ``dp`` (a :class:`fedlib.privacy.dp.DPTarget`, or the broken control), accounted
+    over ``blocks`` (``None``: every block, the released mechanism's guarantee). The neighbours:
+    the two ``population`` rows whose clipped statistics are farthest apart."""
+    from fedlib.models import prunable_layers
+    from fedlib.privacy.dp import clipped_sample_sum
+    from fedlib.privacy.membership import audit_ceilings, audit_epsilon, confusion_at_threshold, epsilon_lower_bound
+
+    if trials < 4:
+        raise ValueError(f"a release audit needs at least 4 trials per world, got {trials}")
+    names = [info.name for info in prunable_layers(model) if blocks is None or info.block < blocks]
+    guarantee = dp.guarantee(names)
+    inputs = attention_inputs(model, population)
+    vectors = torch.stack([clipped_sample_sum(inputs[i:i + 1], guarantee.clip) for i in range(inputs.shape[0])])
+    distances = torch.cdist(vectors, vectors)
+    t, o = divmod(int(torch.argmax(distances)), distances.shape[0])
+    shift = float(distances[t, o])
+    rng = np.random.default_rng([seed, 0xA0D1])
+    # the projection of N(Δ or 0, s²I) on Δ/|Δ|: N(|Δ| or 0, s²); the first half of each world
+    # chooses the threshold, the second is audited with it
+    members = shift + guarantee.noise_std * rng.standard_normal(trials)
+    nonmembers = guarantee.noise_std * rng.standard_normal(trials)
+    half = trials // 2
+    best, threshold = -1.0, 0.0
+    for fpr in THRESHOLD_FPRS:  # candidate thresholds: non-member quantiles, not every score (CP is costly)
+        candidate = float(np.quantile(nonmembers[:half], 1.0 - fpr))
+        eps = epsilon_lower_bound(*confusion_at_threshold(members[:half], nonmembers[:half], candidate),
+                                  confidence, guarantee.delta)
+        if eps > best:
+            best, threshold = eps, candidate
+    audit = audit_epsilon(members[half:], nonmembers[half:], confidence, guarantee.delta, threshold=threshold)
+    evaluated = (audit["tp"] + audit["fn"], audit["fp"] + audit["tn"])
+    return {
+        "analysis": "dp_release", "claimed": {"epsilon": guarantee.epsilon, "delta": guarantee.delta},
+        "guarantee": guarantee.header(), "release": "decoder block 0, attention input",
+        "pair": [t, o], "shift": shift, "noise_std": guarantee.noise_std, "trials": trials,
+        "audit": audit, "ceiling": audit_ceilings(*evaluated, confidence, guarantee.delta)["lr1"],
+    }

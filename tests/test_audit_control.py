@@ -1,0 +1,59 @@
+"""The audit's positive control (fedlib.privacy.control): the white-box release audit
+(fedlib.privacy.stages.dp_release) must catch a DP client whose noise is calibrated to a sensitivity
+10x too small, and must not accuse the honest one; its ceiling is above the claimed ε, so the check
+can fail (unlike the 32-target membership game, whose ceiling is 2.10)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedlib.privacy.control import UnderstatedSensitivity
+from fedlib.privacy.dp import DPTarget
+from fedlib.privacy.stages.dp_release import attention_inputs, release_audit
+
+
+@pytest.fixture(scope="module")
+def population():
+    return torch.randint(0, 128, (40, 8), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 2.0])
+def test_broken_mechanism_fails_the_audit_honest_one_passes(model, population, epsilon):
+    honest = release_audit(model, population, DPTarget(epsilon, 1e-5, 1.0), blocks=1)
+    broken = release_audit(model, population, UnderstatedSensitivity(epsilon, 1e-5, 1.0, factor=10.0), blocks=1)
+    for result in (honest, broken):
+        assert result["ceiling"] > epsilon  # the game is large enough to refute the claim
+        assert json_epsilon(result) == epsilon  # both claim the same ε
+    assert honest["audit"]["epsilon_lb"] <= epsilon
+    assert broken["audit"]["epsilon_lb"] > epsilon  # the control fails, as it must
+    assert broken["noise_std"] == pytest.approx(honest["noise_std"] / 10)
+    # the audited pair moves the sum by at most the mechanism's L2 sensitivity sqrt(2) * clip
+    assert 0 < honest["shift"] <= math.sqrt(2) * 1.0 + 1e-12
+
+
+def json_epsilon(result: dict) -> float:
+    import json
+
+    return json.loads(result["guarantee"])["epsilon"]
+
+
+def test_the_audited_statistic_is_the_mechanisms(model, population):
+    """The release audited is the attention input of block 0, as a forward hook on q_proj sees it
+    inside the whole model's forward pass (an independent capture)."""
+    from fedlib.models import block_linears, decoder_blocks
+
+    seen = []
+    q = block_linears(decoder_blocks(model)[0])["self_attn.q_proj"]
+    handle = q.register_forward_hook(lambda _m, args, _out: seen.append(args[0].detach()))
+    with torch.no_grad():
+        model(population[:5])
+    handle.remove()
+    assert torch.equal(attention_inputs(model, population[:5]), seen[0])
+
+
+def test_control_must_understate():
+    with pytest.raises(ValueError, match="factor must be > 1"):
+        UnderstatedSensitivity(1.0, 1e-5, 1.0, factor=1.0)
