@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedlib.privacy.control import UnderstatedSensitivity
-from fedlib.privacy.dp import DPTarget
+from fedlib.dp.gaussian import DPTarget
 from fedlib.privacy.stages.dp_release import attention_inputs, release_audit
 
 

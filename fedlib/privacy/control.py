@@ -3,7 +3,7 @@
 An audit whose bound stays below the proven ε for every mechanism proves nothing about any of
 them (its ceiling, :func:`fedlib.privacy.membership.epsilon_ceiling`, may simply be too low). The
 control runs the same audit on :class:`UnderstatedSensitivity`: the client of
-:mod:`fedlib.privacy.dp` with its noise calibrated to a sensitivity ``factor`` times smaller than
+:mod:`fedlib.dp.gaussian` with its noise calibrated to a sensitivity ``factor`` times smaller than
 the real one, while it still claims the requested (ε, δ). It is not (ε, δ)-DP, and an audit that
 works shows a lower bound above the claimed ε. Audit code only: no site ever runs it.
 """
@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from fedlib.privacy.dp import DPGuarantee, DPTarget
+from fedlib.dp.gaussian import DPGuarantee, DPTarget
 
 
 @dataclass(frozen=True)
 class UnderstatedSensitivity(DPTarget):
-    """:class:`~fedlib.privacy.dp.DPTarget` with its noise std divided by ``factor`` (as if the
+    """:class:`~fedlib.dp.gaussian.DPTarget` with its noise std divided by ``factor`` (as if the
     sensitivity were ``factor`` times smaller): same clipping, same releases, same claimed ε."""
 
     factor: float = 10.0

@@ -1,4 +1,4 @@
-"""Stage: a white-box audit of one release of the DP client mechanism (:mod:`fedlib.privacy.dp`),
+"""Stage: a white-box audit of one release of the DP client mechanism (:mod:`fedlib.dp.gaussian`),
 the audit that its positive control (:mod:`fedlib.privacy.control`) must fail.
 
 The mechanism releases, per distinct linear input, the sum of the samples' clipped per-channel
@@ -55,11 +55,11 @@ def attention_inputs(model, rows: torch.Tensor) -> torch.Tensor:
 def release_audit(model, population: torch.Tensor, dp, trials: int = 20000, blocks: int | None = None,
                   confidence: float = 0.95, seed: int = 0) -> dict:
     """The white-box audit of the first block's attention-input release (module docstring) of the
-    DP client ``dp`` (a :class:`fedlib.privacy.dp.DPTarget`, or the broken control), accounted
+    DP client ``dp`` (a :class:`fedlib.dp.gaussian.DPTarget`, or the broken control), accounted
     over ``blocks`` (``None``: every block, the released mechanism's guarantee). The neighbours:
     the two ``population`` rows whose clipped statistics are farthest apart."""
     from fedlib.models import prunable_layers
-    from fedlib.privacy.dp import clipped_sample_sum
+    from fedlib.dp.gaussian import clipped_sample_sum
     from fedlib.privacy.membership import audit_ceilings, audit_epsilon, confusion_at_threshold, epsilon_lower_bound
 
     if trials < 4:

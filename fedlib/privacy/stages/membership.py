@@ -103,8 +103,8 @@ def membership_audit(
     observation, with per-bit member/non-member pruning rates from all ``pairs`` shadow pairs;
     its observation noise is its own draw of the same mechanism.
 
-    ``dp`` (a :class:`fedlib.privacy.dp.DPTarget`): every mask, observed and shadow, is the DP
-    client's (:mod:`fedlib.privacy.dp`, accounted over the blocks observed), each with its own
+    ``dp`` (a :class:`fedlib.dp.gaussian.DPTarget`): every mask, observed and shadow, is the DP
+    client's (:mod:`fedlib.dp.gaussian`, accounted over the blocks observed), each with its own
     noise seed (the client's secret: the attacker knows the mechanism, not the noise). The
     result then carries the proven guarantee beside the audited lower bounds.
     """

@@ -24,7 +24,7 @@ from fedlib.report import DATASET_TITLES, fmt_ppl
 
 def dp_table(spec: dict) -> list[Path]:
     """``privacy_dp<suffix>.{md,csv,html}``: per privacy setting of the DP client mechanism
-    (:mod:`fedlib.privacy.dp`) the proven ε (the clients' mask files), the ε lower bound the
+    (:mod:`fedlib.dp.gaussian`) the proven ε (the clients' mask files), the ε lower bound the
     membership attack audits on DP masks of the same mechanism, whether it stays below the
     proven one, and the perplexity of the FedPrLLM global model of the DP clients. ``spec``:
     {"context", "out_dir", "suffix", "datasets", "settings": {ε: {"client_mask", "eval",
@@ -57,7 +57,7 @@ def dp_table(spec: dict) -> list[Path]:
     win = first_eval["perplexity"][spec["datasets"][0]]
     n_clients = first_eval["applied"].get("n_clients") if isinstance(first_eval.get("applied"), dict) else None
     header_lines = provenance(spec["context"], first_eval.get("model_fingerprint")) + [
-        "Mechanism (fedlib.privacy.dp): every client clips each calibration sample's per-channel squared-norm "
+        "Mechanism (fedlib.dp.gaussian): every client clips each calibration sample's per-channel squared-norm "
         "vector to L2 norm `clip`, sums, adds Gaussian noise (std σ·√2·clip) to every distinct linear input's "
         "statistic in every block, then prunes with Wanda as usual. Sample-level DP, replace-one neighbours; "
         "σ calibrated to (ε, δ) over all releases by dp-accounting's PLD accountant.",
@@ -135,7 +135,7 @@ def dp_utility_table(spec: dict) -> list[Path]:
                      f"{whole:.3g} (bits per client × per-bit ε)", "-", fmt_ppl(value), "-"])
     win = dense["perplexity"][ds]
     header_lines = provenance(spec["context"], dense.get("model_fingerprint")) + [
-        "Privacy–utility of the sample-level DP client mechanism (fedlib.privacy.dp, as in privacy_dp): per DP "
+        "Privacy–utility of the sample-level DP client mechanism (fedlib.dp.gaussian, as in privacy_dp): per DP "
         "federation (clients × samples per client × tokens), the FedPrLLM global model (layer comparison, top-k "
         f"of the votes) at each proven ε (δ = {spec['delta']:g}, clip {spec['clip']:g}; σ calibrated over every "
         "block's releases).",
