@@ -48,10 +48,13 @@ cohort's masks must sum to: under a uniform allocation every comparison group ho
 
 What remains possible: a site can still move its votes inside those totals (prune other weights
 than its data says, shift a vote from one weight of a group to another: -1 here and +1 there);
-only a zero-knowledge proof that each upload is a well-formed mask (Bell et al.'s, or a
-per-group range proof) would close that. A site that claims falsely that another's shares did
-not decrypt removes that site's votes from the round (both are named). The coordinator can still
-drop any site it likes (that site's votes are lost, its mask stays hidden).
+only a zero-knowledge proof that each upload is a well-formed mask (every word 0 or 1, k per
+group; Bell et al.'s, or a per-group range proof) would close that. A site that claims falsely
+that another's shares did not decrypt removes that site's votes from the round (both are named).
+The coordinator can still drop any site it likes (that site's votes are lost, its mask stays
+hidden), and a coordinator colluding with t - 1 sites can drop all but one other site and read
+that site's mask off the sum: the threshold and a site's ``min_cohort`` bound how small a sum a
+site takes part in, not who else is in it.
 
 Differencing across rounds (two sums whose cohorts differ by one site) is the site's to refuse:
 :class:`ContributionLedger` records the plans it contributed, per run, and refuses a plan a
@@ -362,7 +365,7 @@ class Roster:
         """Whether the site at ``index`` signed ``message``."""
         try:
             self._keys[self.ids[index]].verify(bytes(signature), message)
-        except InvalidSignature:
+        except (InvalidSignature, TypeError, ValueError):
             return False
         return True
 
@@ -398,6 +401,8 @@ class RoundContext:
     def __post_init__(self):
         n = len(self.roster)
         object.__setattr__(self, "run_id", str(self.run_id))
+        object.__setattr__(self, "round_index", int(self.round_index))
+        object.__setattr__(self, "threshold", int(self.threshold))
         object.__setattr__(self, "bits", modulus_bits(n) if self.bits is None else int(self.bits))
         if not default_threshold(n) <= self.threshold <= n:
             raise SecAggError(f"threshold {self.threshold}: a site accepts only a majority of its {n}-site roster, "
@@ -785,11 +790,11 @@ def check_vote_totals(name: str, counts: torch.Tensor, n_clients: int, cohort: M
     elif group == "column":
         by_group, size = counts.T, rows
     else:
-        n, m = parse_nm(group)
-        by_group, size = counts.reshape(-1, m), None
+        k, m = parse_nm(group)
+        by_group = counts.reshape(-1, m)
     totals = by_group.sum(1, dtype=torch.int64)
-    if allocation == "uniform":
-        k = pruned_count(size, float(cohort["sparsity"])) if group in GROUPS else n
+    if group not in GROUPS or allocation == "uniform":  # N:M prunes N of every M whatever the allocation
+        k = pruned_count(size, float(cohort["sparsity"])) if group in GROUPS else k
         want, what = n_clients * k, f"{n_clients} sites each pruning {k} of every {group} group give {n_clients * k}"
     elif allocation == "nonuniform" and group in ("row", "column"):
         want, what = int(totals[0]), f"one ratio per layer gives every {group} the same total ({int(totals[0])})"
@@ -846,11 +851,13 @@ class SecAggServer:
         do not decrypt (its votes leave the sum: its key is rebuilt as a dropout's, its seed never
         revealed). Both are named: only they know which of them lied."""
         uploaded = sorted(set(uploaded))
-        accused = set()
+        ids, accused = self.context.roster.ids, set()
         for j in uploaded:
             for s in complaints.get(j, ()):
+                if s not in self.advertised:
+                    self._suspect(j, f"complained about {s!r}, not a site of this round")
+                    continue
                 accused.add(s)
-                ids = self.context.roster.ids
                 self._suspect(s, f"its shares to {ids[j]!r} did not decrypt (or {ids[j]!r} says so falsely)")
                 self._suspect(j, f"says the shares of {ids[s]!r} did not decrypt")
         return [j for j in uploaded if j not in accused]
@@ -875,8 +882,9 @@ class SecAggServer:
         ``reveals[j]`` is survivor j's :meth:`SecAggClient.reveal`; at least t of them."""
         survivors = sorted(set(survivors))
         participants = sorted(self.advertised if participants is None else set(participants))
-        if not set(survivors) <= set(participants):
-            raise SecAggError(f"survivors {survivors} are not all participants {participants}")
+        if not set(survivors) <= set(participants) <= set(self.advertised):
+            raise SecAggError(f"survivors {survivors}, participants {participants}, advertised "
+                              f"{sorted(self.advertised)}: each must hold the one before")
         holders = sorted(j for j in reveals if j in survivors)
         if len(survivors) < self.threshold or len(holders) < self.threshold:
             raise SecAggError(f"{len(survivors)} survivors, reveals from {len(holders)}: the threshold is "
@@ -903,8 +911,8 @@ class SecAggServer:
                 raise SecAggError(f"the {kind} secret of {ids[owner]!r}: {err} (holders {[ids[j] for j in shares]}; "
                                   f"{ids[owner]!r} may have dealt inconsistent shares)") from None
             for x in off:
-                self._suspect(x - 1, f"its share of the {kind} secret of {ids[owner]!r} is off the polynomial the others "
-                                     f"lie on (it altered it, or {ids[owner]!r} dealt it wrong)")
+                self._suspect(x - 1, f"its share of the {kind} secret of {ids[owner]!r} is off the polynomial the "
+                                     f"others lie on (it altered it, or {ids[owner]!r} dealt it wrong)")
             advert = self.advertised[owner]
             if kind == "self":
                 if _seed_commitment(self.context, owner, secret) != advert.seed_commitment:
@@ -959,6 +967,9 @@ class SecAggServer:
         survivor, and the group totals of :func:`check_vote_totals` for the masks' ``cohort``
         (its ``group``, ``sparsity``, ``allocation``; None only for masks of no declared group)."""
         counts = self.unmask_words(name, uploads)
+        if counts.size != int(np.prod(shape)):
+            raise SecAggError(f"layer {name}: {counts.size} words, its shape {tuple(shape)} holds "
+                              f"{int(np.prod(shape))}")
         if int(counts.max(initial=0)) > len(uploads):
             raise SecAggError(f"layer {name}: unmasked counts exceed the {len(uploads)} survivors "
                               "(an upload or a share is corrupt)")
