@@ -23,7 +23,8 @@ def test_unmasked_sum_is_plain_vote_counting_bit_for_bit(model, tmp_path):
     paths, masks = _clients(model, tmp_path, n=5)
     layers = prunable_layers(model)
     names = [info.name for info in layers]
-    counts = secure_vote_counts(masks, names, seed=3)
+    # Wanda's row masks at 50 %: every row of the sum holds 5 x half its width (the server's check)
+    counts = secure_vote_counts(masks, names, seed=3, cohort={"group": "row", "sparsity": 0.5, "allocation": "uniform"})
     out = tmp_path / "global.mask.safetensors"
     FedPrLLM(group="row", sparsity=0.5, seed=0).aggregate(paths, fingerprint(model), layers, out)
     plain = MaskFile(out, fingerprint(model), layers)

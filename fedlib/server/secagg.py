@@ -411,11 +411,13 @@ class RoundContext:
         if len(self.plan_digest) != 32:
             raise SecAggError(f"the plan digest is {len(self.plan_digest)} bytes, expected 32 (plan_digest)")
         _word_dtype(self.bits)
+        object.__setattr__(self, "_framed", _frame(self.run_id.encode(), self.round_index.to_bytes(8, "little"),
+                                                   self.roster.digest, self.plan_digest, _u32(self.threshold),
+                                                   _u32(self.bits)))
 
     def bind(self, purpose: bytes, *parts: bytes) -> bytes:
         """The bytes a signature or key derivation for ``purpose`` covers: the context, then ``parts``."""
-        return _frame(b"fedlib-secagg " + purpose, self.run_id.encode(), int(self.round_index).to_bytes(8, "little"),
-                      self.roster.digest, self.plan_digest, _u32(self.threshold), _u32(self.bits), *parts)
+        return _frame(b"fedlib-secagg " + purpose) + self._framed + _frame(*parts)
 
     def to_record(self) -> dict:
         return {"run_id": self.run_id, "round_index": int(self.round_index), "roster_ids": list(self.roster.ids),
@@ -1071,18 +1073,19 @@ def finish_round(clients: Sequence[SecAggClient], server: SecAggServer, survivor
 
 
 def secure_vote_counts(masks: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str],
-                       threshold: int | None = None, seed: int | None = 0,
-                       dropped: Sequence[int] = ()) -> dict[str, torch.Tensor]:
+                       threshold: int | None = None, seed: int | None = 0, dropped: Sequence[int] = (),
+                       cohort: Mapping | None = None) -> dict[str, torch.Tensor]:
     """One simulated round over whole masks: every site in ``masks`` masks each layer, the sites
     in ``dropped`` never send their uploads, the server unmasks the survivors' sum per layer
-    ({name: int16 counts in the layer's shape}; masks of no declared group: no total check)."""
+    ({name: int16 counts in the layer's shape}), checking the totals of the masks' ``cohort``
+    (:func:`check_vote_totals`; None: masks of no declared group)."""
     clients, server = setup_round(len(masks), threshold, seed)
     survivors = [c.index for c in clients if c.index not in set(dropped)]
     finish_round(clients, server, survivors)
     out = {}
     for name in names:
         uploads = {j: clients[j].masked_upload(name, masks[j][name]) for j in survivors}
-        out[name] = server.unmask(name, uploads, masks[0][name].shape, None)
+        out[name] = server.unmask(name, uploads, masks[0][name].shape, cohort)
     return out
 
 
