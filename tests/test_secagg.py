@@ -12,7 +12,7 @@ from fedlib.server import FedPrLLM
 from fedlib.server.fedprllm import global_mask_from_votes
 from fedlib.server.secagg import (
     SHARE_BYTES, SIMULATION_PLAN, RoundContext, SecAggClient, SecAggError, _Randomness,
-    modulus_bits, pack_words, secure_vote_counts, setup_round, shamir_combine, shamir_decode, shamir_split,
+    modulus_bits, pack_words, secure_vote_counts, setup_round, shamir_decode, shamir_split,
     simulation_sites, unpack_words,
 )
 
@@ -117,7 +117,7 @@ def test_shares_travel_encrypted_to_their_recipient_only():
             assert b[1].to_bytes(SHARE_BYTES, "little") not in relayed
     assert 0 not in clients[1].held_shares and 0 not in clients[2].held_shares
     # any two holders rebuild site 1's self seed, as Shamir 2-of-3
-    assert shamir_combine([clients[0].held_shares[1][1], clients[2].held_shares[1][1]]) == clients[1].self_seed
+    assert shamir_decode([clients[0].held_shares[1][1], clients[2].held_shares[1][1]], 2) == (clients[1].self_seed, [])
     clients[1].begin_upload(SIMULATION_PLAN)
     again = SecAggClient.from_record(clients[1].to_record(), keys[1])
     assert again.held_shares == clients[1].held_shares and again.advertise() == clients[1].advertise()
@@ -131,9 +131,9 @@ def test_shamir_threshold():
     secret = bytes(range(32))
     shares = shamir_split(secret, 7, 4, rng)
     for pick in ([0, 1, 2, 3], [6, 2, 4, 0], [1, 3, 5, 6, 0]):
-        assert shamir_combine([shares[i] for i in pick]) == secret
+        assert shamir_decode([shares[i] for i in pick], 4) == (secret, [])
     with pytest.raises(SecAggError, match="do not reconstruct"):
-        shamir_combine(shares[:3])  # t - 1 shares: a random field element, not the secret
+        shamir_decode(shares[:3], 3)  # t - 1 shares: a random field element, not the secret
 
 
 def test_shamir_decode_uses_every_share_and_names_the_wrong_ones():

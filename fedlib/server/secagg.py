@@ -176,23 +176,6 @@ def shamir_split(secret: bytes, n: int, threshold: int, rng: _Randomness) -> lis
     return shares
 
 
-def shamir_combine(shares: Sequence[tuple[int, int]], length: int = 32) -> bytes:
-    """The secret (``length`` bytes) from exactly t shares: Lagrange interpolation at 0 (no
-    check that they are right: :func:`shamir_decode` uses every share and checks them)."""
-    xs = [x for x, _ in shares]
-    if len(set(xs)) != len(xs):
-        raise SecAggError("Shamir shares with repeated x")
-    secret = 0
-    for i, (xi, yi) in enumerate(shares):
-        num, den = 1, 1
-        for j, xj in enumerate(xs):
-            if j != i:
-                num = num * -xj % SHAMIR_PRIME
-                den = den * (xi - xj) % SHAMIR_PRIME
-        secret = (secret + yi * num * pow(den, -1, SHAMIR_PRIME)) % SHAMIR_PRIME
-    return _secret_bytes(secret, length)
-
-
 def _secret_bytes(value: int, length: int) -> bytes:
     if value >= 1 << (8 * length):
         raise SecAggError("Shamir shares do not reconstruct a secret of the expected size (too few or wrong shares)")
@@ -270,7 +253,8 @@ def shamir_decode(shares: Sequence[tuple[int, int]], threshold: int, length: int
     """The secret from *all* the shares given, and the x of the shares that are wrong: the
     polynomial of degree < t that all but at most floor((r - t) / 2) of the r shares lie on
     (Reed-Solomon decoding, Berlekamp-Welch). Fewer than t shares, or too many wrong ones to
-    tell which: an error (never a silently wrong secret)."""
+    tell which: an error. Exactly t shares are not checked (nothing to check them against): the
+    server checks what they rebuild against the site's commitment or public key."""
     xs = [x for x, _ in shares]
     if len(set(xs)) != len(xs):
         raise SecAggError("Shamir shares with repeated x")
