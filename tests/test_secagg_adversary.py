@@ -208,6 +208,9 @@ def test_inconsistent_survivor_lists_get_no_reveal():
     with pytest.raises(SecAggError, match=r"asked to reveal for survivors \[0, 1, 2, 3\], it confirmed \[0, 1, 2, 3,"):
         clients[0].reveal(without_4, signed)
     assert not clients[3].revealed
+    # an honest server relays only confirmations of the list it announced, and names the others
+    assert sorted(server.admit_confirmations(everyone, {**signed, 3: signed_3})) == [0, 1, 2]
+    assert server.suspects == {"site-3": "its confirmation of the survivor list does not verify"}
     # the first group reveals (three signatures on its list): seed shares only, site 4's key stays hidden
     reveals = {j: clients[j].reveal(everyone, signed) for j in (0, 1, 2)}
     assert all(kind == "self" for r in reveals.values() for kind, _ in r.values())
