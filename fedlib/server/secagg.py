@@ -70,8 +70,10 @@ every reply, and ``from_record(record, signing_key)`` at the next step):
    Coordinator: ``server = SecAggServer(context)``; ``advertised = server.admit(replies)``.
 2. shares: ``client.share_secrets(advertised)`` -> recipient index -> ciphertext.
 3. upload: ``complaints = client.receive_shares(inbox, participants)`` (the senders whose
-   ciphertexts did not decrypt), ``client.begin_upload(plan_digest(plan))``, persist, then
-   ``client.masked_upload(name, mask)`` per layer; reply the words and the complaints.
+   ciphertexts did not decrypt), ``ledger.admit(digest of what determines the mask, run_id,
+   dp)``, ``client.begin_upload(plan_digest(plan))``, persist, then ``client.masked_upload(name,
+   mask)`` per layer; reply the words and the complaints. (A key step for a round whose state
+   the site already holds starts fresh secrets: the ledger is what refuses that second upload.)
    Coordinator: ``survivors = server.drop_accused(uploaded, complaints)``.
 4. confirm: ``client.confirm_survivors(survivors)`` -> signature. Coordinator:
    ``confirmations = server.admit_confirmations(survivors, signatures)``, relayed to all.
