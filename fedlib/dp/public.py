@@ -495,7 +495,7 @@ class Release:
     shared: bool = False
     #: the SecAgg round's secrets: a simulation's seed, or None (the OS's)
     secagg_seed: int | None = None
-    #: the SecAgg round's (clients, server, reveals), set up at the first sum: one round masks
+    #: the SecAgg round's (clients, server, whether it revealed), set up at the first sum: one round masks
     #: every statistic of the pass (a vector per input), and each client reveals its shares once
     secagg_round: tuple | None = None
     noisy_sums: dict = field(default_factory=dict)
