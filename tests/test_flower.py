@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from uuid import uuid4
 
 import pytest
 import torch
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 
 from fedlib.cli import main
 from fedlib.data import save_tokens
@@ -24,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "flower"))  # the app folder `flwr run` ships
 from fedlib_flower import client_app, wire  # noqa: E402
 from fedlib_flower.coordinator import Coordinator, FederationError  # noqa: E402
+from fedlib_flower.roster import load_roster, new_signing_key, write_roster  # noqa: E402
 from fedlib_flower.settings import Settings  # noqa: E402
 
 MODEL = REPO / ".test" / "model"
@@ -36,11 +38,14 @@ class LocalGrid:
     ``tamper(node, message, reply)`` may replace a reply, or return None: no answer, ever.
     ``received`` is every reply the coordinator got (what the server holds)."""
 
-    def __init__(self, sites: dict[str, dict], tamper=None, fail_from: str | None = None):
+    def __init__(self, sites: dict[str, dict], tamper=None, fail_from: str | None = None, roster: str | None = None):
         from flwr.supercore.task_identity import TaskIdentity
 
         # what the ServerApp runtime sets before main(): messages carry the run and the sender
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = 1, 0, 0
+        self.run = SimpleNamespace(run_id=1)
+        #: the coordinator's roster: the sites' own (a test may give another)
+        self.roster = roster or next(iter(sites.values()))["roster"]
         self.contexts = {1000 + i: Context(run_id=1, node_id=1000 + i, node_config=config, state=RecordDict(),
                                            run_config={})
                          for i, config in enumerate(sites.values())}
@@ -82,23 +87,31 @@ class LocalGrid:
 
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory) -> dict[str, dict]:
-    """Three sites' node configs over the .test model, each with its own calibration tokens."""
+    """Three sites' node configs over the .test model, each with its own calibration tokens and
+    signing key, all with the federation's roster (the coordinator's too: ROSTER)."""
     root = tmp_path_factory.mktemp("sites")
-    out = {}
+    out, keys = {}, {}
     for i, cid in enumerate(SITES):
         calib = root / f"{cid}.tokens.safetensors"
         save_tokens(calib, torch.randint(0, 257, (3, 16), generator=torch.Generator().manual_seed(i)))
-        out[cid] = {"model": str(MODEL), "calib": str(calib), "client-id": cid}
+        keys[cid] = new_signing_key(root / f"{cid}.key.pem").public_key()
+        out[cid] = {"model": str(MODEL), "calib": str(calib), "signing-key": str(root / f"{cid}.key.pem"),
+                    "roster": str(root / "roster.json")}
+    write_roster(root / "roster.json", keys)
     return out
 
 
-def settings(out: Path, **kw) -> Settings:
-    config = {"model": str(MODEL), "out": str(out), "min-clients": 3, "connect-timeout": 5.0, **kw}
+def settings(out: Path, roster: str, **kw) -> Settings:
+    config = {"model": str(MODEL), "out": str(out), "roster": roster, "min-clients": 3, "connect-timeout": 5.0, **kw}
     return Settings.from_run_config(config)
 
 
 def federate(grid, out: Path, **kw) -> dict:
-    return Coordinator(grid, settings(out, **kw), log=lambda line: None).run()
+    return Coordinator(grid, settings(out, grid.roster, **kw), log=lambda line: None).run()
+
+
+def roster_of(sites: dict[str, dict]) -> str:
+    return next(iter(sites.values()))["roster"]
 
 
 def cli(*argv) -> None:
@@ -313,29 +326,163 @@ def test_a_restart_between_rounds_resumes_from_the_files_on_disk(sites, tmp_path
         federate(LocalGrid(sites), tmp_path / "fl", mode="iterative", sparsity=0.6)
 
 
-def test_hello_refuses_another_model_and_a_claimed_id(sites, tmp_path):
-    twins = {**sites, "twin": {**sites["hospital-a"]}}  # two nodes say hospital-a
-    grid = LocalGrid(twins)
-    coordinator = Coordinator(grid, settings(tmp_path / "fl", **{"min-clients": 2}), log=lambda line: None)
-    coordinator.hello(grid.get_node_ids())
-    assert sorted(coordinator.clients.values()) == ["hospital-b", "hospital-c"]
-    assert sorted(r["client_id"] for r in coordinator.state["refused"]) == ["hospital-a", "hospital-a"]
+def _impostors(sites: dict[str, dict], root: Path) -> dict[str, dict]:
+    """The three sites and four nodes that attack ``hello``: a second node with hospital-a's
+    key, a node whose key is in no roster, one that claims hospital-b's key with its own
+    signature, one that replays hospital-c's hello reply (all with path-free roster ids)."""
+    stranger = {**sites["hospital-a"], "signing-key": str(root / "stranger.key.pem")}
+    own = load_roster(sites["hospital-a"]["roster"])  # the stranger's own roster names it too
+    own["stranger"] = new_signing_key(root / "stranger.key.pem").public_key()
+    write_roster(root / "stranger.roster.json", own)
+    stranger["roster"] = str(root / "stranger.roster.json")
+    return {**sites, "twin": {**sites["hospital-a"]}, "stranger": stranger, "forger": {**stranger},
+            "replayer": {**stranger}}
+
+
+def _forge_and_replay(node, message, reply):
+    """Node 1005 claims hospital-b's key; node 1006 sends hospital-c's (node 1002's) reply."""
+    if message.metadata.message_type != wire.HELLO:
+        return reply
+    hello = dict(reply.content["hello"])
+    if node == 1005:
+        hello["public-key"] = _forge_and_replay.keys["hospital-b"]
+    elif node == 1002:
+        _forge_and_replay.seen = dict(hello)
+    elif node == 1006:
+        hello = _forge_and_replay.seen
+    return Message(RecordDict({"hello": ConfigRecord(hello)}), reply_to=message)
+
+
+def test_ids_come_from_the_roster_and_an_impostor_is_refused_alone(sites, tmp_path):
+    """Four hostile nodes beside the three sites: a second holder of hospital-a's key, a key no
+    roster of the coordinator has, a forged claim of hospital-b's key, a replay of hospital-c's
+    signed hello. Each is refused alone and named in federation.json; the three sites keep
+    their ids and the global file is the honest federation's, byte for byte."""
+    from fedlib_flower.roster import raw_public_key
+
+    _forge_and_replay.keys = {cid: raw_public_key(k) for cid, k in load_roster(roster_of(sites)).items()}
+    grid = LocalGrid(_impostors(sites, tmp_path), tamper=_forge_and_replay, roster=roster_of(sites))
+    state = federate(grid, tmp_path / "fl")
+    assert state["clients"] == SITES and state["rounds"][0]["clients"] == SITES
+    refused = {r["client_id"]: (r["field"], r["reason"]) for r in state["refused"]}
+    assert sorted(refused) == ["node 1003", "node 1004", "node 1005", "node 1006"]
+    assert "'hospital-a' is already held by node 1000" in refused["node 1003"][1]
+    assert refused["node 1004"][0] == "public-key" and "is not in the coordinator's roster" in refused["node 1004"][1]
+    assert refused["node 1005"][0] == "signature" and "'hospital-b'" in refused["node 1005"][1]
+    assert refused["node 1006"][0] == "signature" and "'hospital-c'" in refused["node 1006"][1]
+    federate(LocalGrid(sites), tmp_path / "honest")
+    assert (tmp_path / "fl" / "global.mask.safetensors").read_bytes() == \
+        (tmp_path / "honest" / "global.mask.safetensors").read_bytes()
+
+
+def test_hello_refuses_another_model(sites, tmp_path):
     other = {cid: {**config, "model": str(Path(sites["hospital-a"]["calib"]).parent / "other")}
              for cid, config in sites.items()}
     from conftest import tiny_llama
 
     tiny_llama(vocab_size=257, seed=3).save_pretrained(other["hospital-a"]["model"])
+    grid = LocalGrid(other)
+    coordinator = Coordinator(grid, settings(tmp_path / "fl", grid.roster), log=lambda line: None)
     with pytest.raises(FederationError, match="0 sites admitted"):
-        Coordinator(LocalGrid(other), settings(tmp_path / "fl2"), log=lambda line: None).hello([1000, 1001, 1002])
+        coordinator.hello([1000, 1001, 1002])
+    assert {r["field"] for r in coordinator.state["refused"]} == {"fingerprint"}
+
+
+@pytest.mark.parametrize("entry,field,message", [
+    ({"/x/y": "00" * 32}, "/x/y", "expected a client id"),
+    ({"../round-000/global": "00" * 32}, "../round-000/global", "expected a client id"),
+    ({"a": "00" * 31}, "a", "neither 64 hex digits nor a PEM block"),
+    ({"a": 7}, "a", "expected a public key"),
+    ({"a": "ab" * 32, "b": "ab" * 32}, "b", "the same public key as 'a'"),
+])
+def test_a_roster_with_a_path_like_id_or_a_bad_key_is_refused_by_file_and_field(tmp_path, entry, field, message):
+    from fedlib_flower.roster import RosterError
+
+    key = new_signing_key(tmp_path / "k.pem").public_key()
+    entry = {cid: raw_public_key_hex(key) if value == "ab" * 32 else value for cid, value in entry.items()}
+    (tmp_path / "roster.json").write_text(json.dumps(entry))
+    with pytest.raises(RosterError, match=message) as err:
+        load_roster(tmp_path / "roster.json")
+    assert err.value.field == field and err.value.path == str(tmp_path / "roster.json")
+
+
+def raw_public_key_hex(key) -> str:
+    from fedlib_flower.roster import raw_public_key
+
+    return raw_public_key(key).hex()
+
+
+def test_every_upload_path_stays_in_its_round_folder(sites, tmp_path):
+    """Whatever an id could be, the coordinator writes only inside the round's folder."""
+    grid = LocalGrid(sites)
+    coordinator = Coordinator(grid, settings(tmp_path / "fl", grid.roster), log=lambda line: None)
+    folder = coordinator.round_dir(0)
+    coordinator.clients = {1000: "hospital-a", 1001: "../round-001/x", 1002: "/x/y"}
+    assert coordinator.upload_path(1000, folder, "mask") == folder / "hospital-a.mask.safetensors"
+    for node in (1001, 1002):
+        with pytest.raises(wire.WireError, match="names a file outside"):
+            coordinator.upload_path(node, folder, "mask")
+
+
+def test_an_oversized_reply_is_refused_by_its_declared_size_before_its_payload_is_read(sites, tmp_path,
+                                                                                      monkeypatch):
+    """hospital-b's reply declares a 2**40-byte file (its payload a few bytes): refused by the
+    declaration, its payload never read (wire.raw_bytes), nothing of it written; the others
+    aggregate."""
+    from flwr.app import Array, ArrayRecord
+
+    read, raw_bytes = [], wire.raw_bytes
+    monkeypatch.setattr(wire, "raw_bytes", lambda record, key, array: read.append(array.shape) or
+                        raw_bytes(record, key, array))
+
+    def oversized(node, message, reply):
+        if message.metadata.message_type == wire.TRAIN_MASK and node == 1001:
+            huge = Array(dtype="uint8", shape=(1 << 40,), stype=wire.FILE_STYPE, data=b"\0" * 8)
+            return Message(RecordDict({"upload": ArrayRecord(array_dict={wire.FILE_KEY: huge}),
+                                       "metrics": reply.content["metrics"]}), reply_to=message)
+        return reply
+
+    state = federate(LocalGrid(sites, tamper=oversized), tmp_path / "fl")
+    (refusal,) = state["refused"]
+    assert refusal["client_id"] == "hospital-b" and f"declares {1 << 40} payload bytes" in refusal["reason"]
+    assert len(read) == 2 and (1 << 40,) not in read  # the two accepted files were read, not this one
+    assert not list((tmp_path / "fl").rglob("hospital-b.*"))
+    assert state["rounds"][0]["clients"] == ["hospital-a", "hospital-c"]
+
+
+@pytest.mark.parametrize("metrics,key", [({"seconds": 1.0}, "peak-rss-mib"),
+                                         ({"seconds": float("nan"), "peak-rss-mib": 1.0}, "seconds"),
+                                         ({"seconds": 1.0, "peak-rss-mib": -5.0}, "peak-rss-mib"),
+                                         ({"seconds": 1.0, "peak-rss-mib": 1.0, "extra": 2.0}, "extra")])
+def test_malformed_metrics_refuse_that_reply_not_the_run(sites, tmp_path, metrics, key):
+    """A reply whose metrics lack a key or carry a bad value is refused (before its file is
+    written); the run completes with the others and records their metrics."""
+    from flwr.app import MetricRecord
+
+    def malformed(node, message, reply):
+        if message.metadata.message_type == wire.TRAIN_MASK and node == 1002:
+            return Message(RecordDict({"upload": reply.content["upload"], "metrics": MetricRecord(metrics)}),
+                           reply_to=message)
+        return reply
+
+    state = federate(LocalGrid(sites, tamper=malformed), tmp_path / "fl")
+    (refusal,) = state["refused"]
+    assert refusal["client_id"] == "hospital-c" and f"record 'metrics': key {key!r}" in refusal["reason"]
+    record = state["rounds"][0]
+    assert state["status"] == "completed" and record["clients"] == ["hospital-a", "hospital-b"]
+    assert len(record["client_seconds"]) == 2 and record["client_peak_rss_mib"] > 0
+    assert not list((tmp_path / "fl").rglob("hospital-c.*"))
 
 
 def test_settings_are_checked_by_key():
+    with pytest.raises(ValueError, match="key 'roster': give the coordinator's roster file"):
+        Settings.from_run_config({"model": "m", "out": "o"})
     with pytest.raises(ValueError, match="unknown key 'sparsty'"):
-        Settings.from_run_config({"model": "m", "out": "o", "sparsty": 0.5})
+        Settings.from_run_config({"model": "m", "out": "o", "roster": "r", "sparsty": 0.5})
     with pytest.raises(ValueError, match="key 'secagg'"):
-        Settings.from_run_config({"model": "m", "out": "o", "secagg": True, "strategy": "fedspallm"})
+        Settings.from_run_config({"model": "m", "out": "o", "roster": "r", "secagg": True, "strategy": "fedspallm"})
     with pytest.raises(ValueError, match="key 'sparsity': expected float"):
-        Settings.from_run_config({"model": "m", "out": "o", "sparsity": "half"})
+        Settings.from_run_config({"model": "m", "out": "o", "roster": "r", "sparsity": "half"})
     with pytest.raises(wire.WireError, match="record 'plan': key 'blocks'"):
         wire.config(RecordDict({"plan": __import__("flwr.app").app.ConfigRecord({"blocks": ["x"]})}), "plan",
                     {"blocks": (list, int)})

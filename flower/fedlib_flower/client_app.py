@@ -2,11 +2,14 @@
 
 The site's SuperNode names them in its node config (``--node-config``): ``model`` (the public
 model's folder), ``calib`` (its private calibration token file, ``fedlib client-data`` /
-``calibration-pool``), ``client-id`` (its name in the federation), optionally ``threads``
-(torch threads, default 1). Nothing else of the site leaves it but the uploads below; the
+``calibration-pool``), ``signing-key`` (its Ed25519 private key, PEM) and ``roster`` (the
+federation's sites and their public keys, :mod:`fedlib_flower.roster`: the site's client id is
+the roster's name for its own key), optionally ``threads`` (torch threads, default 1). Nothing else of the site leaves it but the uploads below; the
 secure-aggregation secrets stay in the SuperNode's ``context.state``.
 
-* ``query.hello``: client id, model fingerprint, fedlib version, number of samples;
+* ``query.hello``: its public key and a signature over the coordinator's challenge bound to the
+  run and node (the coordinator gives it the id its own roster has for that key), the model
+  fingerprint, fedlib version, number of samples;
 * ``train.mask``: the site's mask file (one-shot, or round ``l`` of iterative FedPrLLM from the
   server's global file of blocks < l), written by :func:`fedlib.uploads.write_client_mask`;
 * ``train.weights``: its FedSpaLLM weight file (:func:`fedlib.uploads.write_client_weights`);
@@ -31,18 +34,19 @@ from fedlib_flower.settings import PLAN
 app = ClientApp()
 
 #: the node config keys a site gives its SuperNode
-NODE_KEYS = {"model", "calib", "client-id"}
+NODE_KEYS = {"model", "calib", "signing-key", "roster"}
 
 
 class Site:
-    """The site's model handle (``weights=False``: its fingerprint and layers only), tokens and
-    id, from its node config."""
+    """The site's model handle (``weights=False``: its fingerprint and layers only), tokens,
+    signing key, roster and id, from its node config."""
 
     def __init__(self, context: Context, weights: bool = True):
         import torch
 
         from fedlib.data import load_tokens
         from fedlib.models import open_model
+        from fedlib_flower.roster import load_roster, load_signing_key, raw_public_key
 
         config = context.node_config
         missing = sorted(NODE_KEYS - set(config))
@@ -50,7 +54,14 @@ class Site:
             raise ValueError(f"node config: key {missing[0]!r} missing; a site gives {sorted(NODE_KEYS)} "
                              "(flower-supernode --node-config)")
         torch.set_num_threads(int(config.get("threads", 1)))
-        self.client_id = str(config["client-id"])
+        self.signing_key = load_signing_key(str(config["signing-key"]))
+        self.roster = load_roster(str(config["roster"]))
+        self.public_key = raw_public_key(self.signing_key.public_key())
+        mine = [cid for cid, key in self.roster.items() if raw_public_key(key) == self.public_key]
+        if not mine:
+            raise ValueError(f"{config['roster']}: this site's public key {self.public_key.hex()} "
+                             f"({config['signing-key']}) is not in its roster")
+        self.client_id = mine[0]
         self.handle = open_model(str(config["model"]), weights=weights)
         self.ids = load_tokens(Path(str(config["calib"])))[0]
 
@@ -96,8 +107,11 @@ def hello(message: Message, context: Context) -> Message:
     from fedlib import __version__
 
     site = Site(context, weights=False)
+    challenge = wire.config(message.content, "hello", {"challenge": bytes})["challenge"]
+    statement = wire.hello_statement(message.metadata.run_id, context.node_id, challenge)
     return Message(RecordDict({"hello": ConfigRecord({
-        "client-id": site.client_id, "fingerprint": site.handle.fingerprint(), "fedlib-version": __version__,
+        "public-key": site.public_key, "signature": site.signing_key.sign(statement),
+        "fingerprint": site.handle.fingerprint(), "fedlib-version": __version__,
         "n-samples": int(site.ids.shape[0])})}), reply_to=message)
 
 
