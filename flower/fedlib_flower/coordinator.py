@@ -172,14 +172,15 @@ class Coordinator:
         rounds = strategy.n_rounds(self.n_blocks)
         for t in range(len(self.state["rounds"]), rounds):
             self.state["round"] = t
-            start = time.monotonic()
+            start, peak_before = time.monotonic(), peak_rss_mib()
             if s.strategy == "fedspallm":
                 record = self.fedspallm_round(strategy, t)
             elif s.secagg:
                 record = self.secagg_round(strategy, t)
             else:
                 record = self.mask_round(strategy, t)
-            record.update(round=t, seconds=time.monotonic() - start, coordinator_peak_rss_mib=peak_rss_mib())
+            record.update(round=t, seconds=time.monotonic() - start, coordinator_peak_rss_mib=peak_rss_mib(),
+                          coordinator_peak_rss_before_mib=peak_before)
             self.state["rounds"].append(record)
             self.save()
             self.log(f"round {t}: {len(record['clients'])} clients, {record['bytes_up']} bytes up, "
