@@ -11,8 +11,9 @@ from fedlib.models import fingerprint, prunable_layers
 from fedlib.server import FedPrLLM
 from fedlib.server.fedprllm import global_mask_from_votes
 from fedlib.server.secagg import (
-    SecAggClient, SecAggError, _Randomness, modulus_bits, pack_words, secure_vote_counts, setup_round, shamir_combine,
-    shamir_split, unpack_words,
+    SHARE_BYTES, SIMULATION_PLAN, RoundContext, SecAggClient, SecAggError, _Randomness,
+    modulus_bits, pack_words, secure_vote_counts, setup_round, shamir_combine, shamir_decode, shamir_split,
+    simulation_sites, unpack_words,
 )
 
 from test_server import _clients
@@ -46,67 +47,80 @@ def test_dropouts_leave_the_survivors_sum(n, dropped, threshold):
 
 def test_too_few_survivors_or_shares_give_no_result():
     masks = [{"a": torch.ones(10, dtype=torch.bool)} for _ in range(5)]
-    # the survivors themselves refuse to reveal below the threshold (SecAgg's client-side check)
-    with pytest.raises(SecAggError, match=r"survivors \[3, 4\] are not 3 or more"):
+    # the survivors themselves refuse to confirm a list below the threshold (SecAgg's client-side check)
+    with pytest.raises(SecAggError, match="2 survivors, fewer than the threshold 3"):
         secure_vote_counts(masks, ["a"], threshold=3, dropped=[0, 1, 2])
     clients, server = setup_round(5, threshold=3, seed=0)
     survivors = [0, 1, 2, 3, 4]
     uploads = {j: clients[j].masked_upload("a", masks[j]["a"]) for j in survivors}
-    with pytest.raises(SecAggError, match="2 surviving clients, the threshold is 3"):
-        server.unmask("a", {j: uploads[j] for j in (3, 4)}, {})
-    reveals = {j: clients[j].reveal(survivors) for j in survivors}
-    # each survivor reveals one share per client, of the self seed only (nobody dropped)
+    with pytest.raises(SecAggError, match="unmask before recover"):
+        server.unmask("a", uploads, (10,), None)
+    signatures = {j: clients[j].confirm_survivors(survivors) for j in survivors}
+    reveals = {j: clients[j].reveal(survivors, signatures) for j in survivors}
+    # each survivor reveals one share per site, of the self seed only (nobody dropped)
     assert all({kind for kind, _ in r.values()} == {"self"} and len(r) == 5 for r in reveals.values())
-    assert torch.equal(server.unmask("a", uploads, reveals), torch.full((10,), 5, dtype=torch.int16))
-    # a client that uploaded and then vanished before revealing: t = 3 reveals still unmask
-    assert torch.equal(server.unmask("a", uploads, {j: reveals[j] for j in survivors[2:]}),
-                       torch.full((10,), 5, dtype=torch.int16))
-    with pytest.raises(SecAggError, match="reveals from"):
-        server.unmask("a", uploads, {j: reveals[j] for j in survivors[:2]})
+    with pytest.raises(SecAggError, match="reveals from 2: the threshold is 3"):
+        server.recover({j: reveals[j] for j in survivors[:2]}, survivors)
+    # a site that uploaded and then vanished before revealing: t = 3 reveals still unmask
+    server.recover({j: reveals[j] for j in survivors[2:]}, survivors)
+    assert torch.equal(server.unmask("a", uploads, (10,), None), torch.full((10,), 5, dtype=torch.int16))
+    server.recover(reveals, survivors)
+    with pytest.raises(SecAggError, match=r"uploads from \[3, 4\], the survivors are \[0, 1, 2, 3, 4\]"):
+        server.unmask("a", {j: uploads[j] for j in (3, 4)}, (10,), None)
     # a corrupted upload is caught (counts above the number of survivors), not returned
     bad = dict(uploads)
     bad[0] = (bad[0] + np.uint8(1)) & np.uint8(7)  # every count 5 -> 6 (mod 2^3)
     with pytest.raises(SecAggError, match="corrupt"):
-        server.unmask("a", bad, reveals)
+        server.unmask("a", bad, (10,), None)
 
 
 def test_a_dropped_client_is_revealed_by_key_share_not_self_share():
-    clients, _ = setup_round(4, threshold=2, seed=0)
-    r = clients[0].reveal([0, 1, 3])
+    clients, server = setup_round(4, threshold=3, seed=0)
+    survivors = [0, 1, 3]
+    signatures = {j: clients[j].confirm_survivors(survivors) for j in survivors}
+    r = clients[0].reveal(survivors, signatures)
     assert r[1][0] == "self" and r[3][0] == "self" and r[2][0] == "key"
-    assert r[2][1] == clients[0].held_shares[2][0]  # the share of client 2's private key
-    with pytest.raises(SecAggError, match="already revealed"):  # asked again, e.g. for client 2's seed share
-        clients[0].reveal([0, 1, 2, 3])
+    assert r[2][1] == clients[0].held_shares[2][0]  # the share of site 2's private key
+    with pytest.raises(SecAggError, match="already revealed"):  # asked again, e.g. for site 2's seed share
+        clients[0].reveal([0, 1, 2, 3], signatures)
+    # the server rebuilds site 2's masking key from the three key shares: its advertised public key
+    reveals = {0: r, **{j: clients[j].reveal(survivors, signatures) for j in (1, 3)}}
+    server.recover(reveals, survivors)
+    assert server.suspects == {}
+    assert set(server._dropped) == {2} and server._dropped[2].public_key().public_bytes_raw() == clients[2].public_key
 
 
 def test_shares_travel_encrypted_to_their_recipient_only():
-    """Each client's shares reach the others as ChaCha20-Poly1305 ciphertexts under a key of the
+    """Each site's shares reach the others as ChaCha20-Poly1305 ciphertexts under a key of the
     pair's *share* keys: the plain share values are not in what the server relays, a ciphertext
-    altered or delivered to another client is refused, and a client's state survives a round trip
-    through plain values (what a Flower ClientApp keeps between the steps)."""
+    altered or delivered to another site is reported (not taken), and a site's state survives a
+    round trip through plain values (what a Flower ClientApp keeps between the steps)."""
     rng = _Randomness(4)
-    clients = [SecAggClient.create(i, 3, rng) for i in range(3)]
+    roster, ids, keys = simulation_sites(3, rng)
+    context = RoundContext("run-1", 0, roster, SIMULATION_PLAN, 2)
+    clients = [SecAggClient.create(context, cid, key, rng=rng) for cid, key in zip(ids, keys)]
     advertised = {c.index: c.advertise() for c in clients}
-    outboxes = {c.index: c.share_secrets(advertised, 2, rng) for c in clients}
+    outboxes = {c.index: c.share_secrets(advertised, rng) for c in clients}
     relayed = b"".join(data for box in outboxes.values() for data in box.values())
-    for c in clients:
-        c.receive_shares({sender: box[c.index] for sender, box in outboxes.items()})
-    for holder in clients:
-        for _, (sk, b) in holder.held_shares.items():
-            assert sk[1].to_bytes(66, "little") not in relayed and b[1].to_bytes(66, "little") not in relayed
-    # any two holders rebuild client 0's self seed, as Shamir 2-of-3
-    assert shamir_combine([clients[1].held_shares[0][1], clients[2].held_shares[0][1]]) == clients[0].self_seed
-    fresh = SecAggClient.create(1, 3, _Randomness(4))
-    with pytest.raises(SecAggError, match="relayed other public keys"):
-        fresh.share_secrets(advertised, 2, rng)
     tampered = bytearray(outboxes[0][1])
     tampered[0] ^= 1
-    with pytest.raises(SecAggError, match="from client 0 does not decrypt"):
-        clients[1].receive_shares({0: bytes(tampered)})
-    with pytest.raises(SecAggError, match="from client 0 does not decrypt"):
-        clients[2].receive_shares({0: outboxes[0][1]})  # meant for client 1
-    again = SecAggClient.from_record(clients[1].to_record())
+    # site 1 gets an altered ciphertext from 0, site 2 the one meant for site 1: each reports site 0
+    inboxes = {1: {0: bytes(tampered), 1: outboxes[1][1], 2: outboxes[2][1]},
+               2: {0: outboxes[0][1], 1: outboxes[1][2], 2: outboxes[2][2]}}
+    assert clients[1].receive_shares(inboxes[1], [0, 1, 2]) == [0]
+    assert clients[2].receive_shares(inboxes[2], [0, 1, 2]) == [0]
+    assert clients[0].receive_shares({s: box[0] for s, box in outboxes.items()}, [0, 1, 2]) == []
+    for holder in clients:
+        for _, (sk, b) in holder.held_shares.items():
+            assert sk[1].to_bytes(SHARE_BYTES, "little") not in relayed
+            assert b[1].to_bytes(SHARE_BYTES, "little") not in relayed
+    assert 0 not in clients[1].held_shares and 0 not in clients[2].held_shares
+    # any two holders rebuild site 1's self seed, as Shamir 2-of-3
+    assert shamir_combine([clients[0].held_shares[1][1], clients[2].held_shares[1][1]]) == clients[1].self_seed
+    clients[1].begin_upload(SIMULATION_PLAN)
+    again = SecAggClient.from_record(clients[1].to_record(), keys[1])
     assert again.held_shares == clients[1].held_shares and again.advertise() == clients[1].advertise()
+    assert again.to_record() == clients[1].to_record()
     mask = torch.rand(50, generator=torch.Generator().manual_seed(1)) < 0.5
     assert np.array_equal(again.masked_upload("w", mask), clients[1].masked_upload("w", mask))
 
@@ -121,14 +135,35 @@ def test_shamir_threshold():
         shamir_combine(shares[:3])  # t - 1 shares: a random field element, not the secret
 
 
+def test_shamir_decode_uses_every_share_and_names_the_wrong_ones():
+    rng = _Randomness(6)
+    secret = bytes(range(32, 64))
+    shares = shamir_split(secret, 9, 4, rng)  # r = 9, t = 4: up to 2 wrong shares are corrected
+    assert shamir_decode(shares, 4) == (secret, [])
+    wrong = list(shares)
+    wrong[1] = (2, wrong[1][1] + 1)  # among the first t, which a plain combine would use
+    wrong[6] = (7, 12345)
+    assert shamir_decode(wrong, 4) == (secret, [2, 7])
+    # in any order: the result does not depend on which t come first
+    assert shamir_decode(wrong[::-1], 4) == (secret, [7, 2])
+    wrong[3] = (4, 0)
+    with pytest.raises(SecAggError, match="up to 2 wrong ones: cannot tell which"):
+        shamir_decode(wrong, 4)
+    # one share more than t: an error is seen but cannot be placed
+    with pytest.raises(SecAggError, match="up to 0 wrong ones"):
+        shamir_decode([shares[0], (2, shares[1][1] + 1), *shares[2:5]], 4)
+    with pytest.raises(SecAggError, match="3 shares, the threshold is 4"):
+        shamir_decode(shares[:3], 4)
+
+
 def test_single_upload_is_uniform_and_independent_of_the_mask():
     n, numel = 3, 4096
     bits = modulus_bits(n)
     assert bits == 2  # 2^k > n
     zeros, ones = torch.zeros(numel, dtype=torch.bool), torch.ones(numel, dtype=torch.bool)
-    clients, _ = setup_round(n, seed=11)
-    y0 = clients[0].masked_upload("w", zeros)
-    y1 = clients[0].masked_upload("w", ones)
+    # the same seeded secrets twice (a site masks one vector once per round: two rounds of one seed)
+    y0 = setup_round(n, seed=11)[0][0].masked_upload("w", zeros)
+    y1 = setup_round(n, seed=11)[0][0].masked_upload("w", ones)
     # same keys: the two uploads differ exactly by the masks (an additive one-time pad) ...
     assert np.array_equal((y1.astype(np.int64) - y0) % (1 << bits), np.ones(numel, dtype=np.int64))
     # ... and each is uniform over the 2^k words (chi-square at the 0.1 % level, fixed seed)

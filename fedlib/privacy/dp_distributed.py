@@ -147,7 +147,7 @@ def secure_noisy_sum(release, key: str, stats: Sequence[Deviations]) -> torch.Te
     """The server's view of release ``key``: each client's grid sum plus its discrete Gaussian
     share, one-time padded and summed by SecAgg (:mod:`fedlib.server.secagg`), decoded to the
     statistic's units (float64)."""
-    from fedlib.server.secagg import setup_round
+    from fedlib.server.secagg import finish_round, setup_round
 
     g: DistributedGuarantee = release.guarantee
     if len(stats) != g.clients:
@@ -155,8 +155,8 @@ def secure_noisy_sum(release, key: str, stats: Sequence[Deviations]) -> torch.Te
     dim, bound = stats[0].prior.dim, stats[0].bound
     std = g.client_std(dim)
     if release.secagg_round is None:
-        release.secagg_round = (*setup_round(g.clients, seed=release.secagg_seed, bits=RING_BITS), None)
-    clients, server, reveals = release.secagg_round
+        release.secagg_round = (*setup_round(g.clients, seed=release.secagg_seed, bits=RING_BITS), False)
+    clients, server, revealed = release.secagg_round
     label = f"{release.label}:{key}"
     limit = 2**62 // g.clients
     uploads = {}
@@ -166,11 +166,10 @@ def secure_noisy_sum(release, key: str, stats: Sequence[Deviations]) -> torch.Te
         if np.abs(value).max(initial=0) >= limit:
             raise OverflowError(f"release {label}: a client's noisy sum leaves the 2^64 ring's safe range")
         uploads[c] = clients[c].masked_words(label, value.astype(np.uint64))
-    if reveals is None:  # nobody drops out of the simulated federation: the survivors are every client
-        survivors = sorted(uploads)
-        reveals = {j: clients[j].reveal(survivors) for j in survivors}
-        release.secagg_round = (clients, server, reveals)
-    total = server.unmask_words(label, uploads, reveals).view(np.int64)
+    if not revealed:  # nobody drops out of the simulated federation: the survivors are every client
+        finish_round(clients, server, sorted(uploads))
+        release.secagg_round = (clients, server, True)
+    total = server.unmask_words(label, uploads).view(np.int64)
     return torch.from_numpy(total.astype(np.float64) * (bound / g.grid))
 
 

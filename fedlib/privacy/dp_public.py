@@ -454,7 +454,7 @@ class Release:
     sink: Callable[[int | None, int, BlockDecision], None]
     shared: bool = False
     secagg_seed: int | None = 0
-    #: the SecAgg round's (clients, server, reveals), set up at the first sum: one round masks
+    #: the SecAgg round's (clients, server, whether it revealed), set up at the first sum: one round masks
     #: every statistic of the pass (a vector per input), and each client reveals its shares once
     secagg_round: tuple | None = None
 
