@@ -35,10 +35,13 @@ SITES = ["hospital-a", "hospital-b", "hospital-c"]
 class LocalGrid:
     """Flower's Grid interface in one process: a pushed message goes to the real ClientApp with its
     node's Context (node config; state kept across messages as a SuperNode keeps it).
-    ``tamper(node, message, reply)`` may replace a reply, or return None: no answer, ever.
-    ``received`` is every reply the coordinator got (what the server holds)."""
+    ``tamper(node, message, reply)`` may replace a reply, or return None: no answer, ever;
+    ``meddle(node, message)`` may replace what the coordinator sends (an active coordinator).
+    ``received`` is every reply the coordinator got (what the server holds), ``sent`` every
+    message as the site got it."""
 
-    def __init__(self, sites: dict[str, dict], tamper=None, fail_from: str | None = None, roster: str | None = None):
+    def __init__(self, sites: dict[str, dict], tamper=None, fail_from: str | None = None, roster: str | None = None,
+                 meddle=None):
         from flwr.supercore.task_identity import TaskIdentity
 
         # what the ServerApp runtime sets before main(): messages carry the run and the sender
@@ -49,9 +52,10 @@ class LocalGrid:
         self.contexts = {1000 + i: Context(run_id=1, node_id=1000 + i, node_config=config, state=RecordDict(),
                                            run_config={})
                          for i, config in enumerate(sites.values())}
-        self.tamper, self.fail_from = tamper, fail_from
+        self.tamper, self.fail_from, self.meddle = tamper, fail_from, meddle
         self.inbox: dict[str, Message] = {}
         self.received: list[Message] = []
+        self.sent: list[Message] = []
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -73,6 +77,9 @@ class LocalGrid:
             if message is None:
                 continue
             node = message.metadata.dst_node_id
+            if self.meddle is not None:
+                message = self.meddle(node, message)
+            self.sent.append(message)
             try:
                 reply = client_app.app(message, self.contexts[node])
             except Exception as err:  # what a SuperNode returns when its ClientApp fails
@@ -213,7 +220,8 @@ def test_secure_aggregation_gives_the_same_global_file_and_the_server_no_mask(si
     assert len(received) > sum(map(len, plain))  # the masked uploads came in ...
     assert not any(layer in received for layer in plain)  # ... and no site's mask, of any layer
     kinds = {reply.metadata.message_type for reply in grid.received}
-    assert kinds == {wire.HELLO, wire.SECAGG_KEYS, wire.SECAGG_SHARES, wire.SECAGG_UPLOAD, wire.SECAGG_REVEAL}
+    assert kinds == {wire.HELLO, wire.SECAGG_KEYS, wire.SECAGG_SHARES, wire.SECAGG_UPLOAD, wire.SECAGG_CONFIRM,
+                     wire.SECAGG_REVEAL}
     assert not list((tmp_path / "fl").rglob("*.mask.safetensors")) == [] and \
         sorted(p.name for p in (tmp_path / "fl").rglob("*.mask.safetensors")) == ["global.mask.safetensors"] * 2
     assert state["rounds"][0]["secagg_threshold"] == 2
@@ -237,6 +245,123 @@ def test_secure_aggregation_survives_a_dropout(sites, tmp_path):
         name = layer["name"]
         assert torch.equal(ours.layer_mask(name), theirs.layer_mask(name))
         assert torch.equal(ours.layer_votes(name), theirs.layer_votes(name))
+
+
+def _secagg_message(node: int, kind: str, content: RecordDict, like: Message) -> Message:
+    """A coordinator's message of type ``kind`` to ``node`` in the round of ``like``."""
+    message = Message(content, node, kind, group_id=like.metadata.group_id, ttl=like.metadata.ttl)
+    message.metadata.__dict__["_message_id"] = like.metadata.message_id
+    return message
+
+
+def _error_of(grid: LocalGrid, node: int, kind: str) -> str:
+    (reply,) = [r for r, m in zip(grid.received, grid.sent) if m.metadata.dst_node_id == node
+                and m.metadata.message_type == kind]
+    assert reply.has_error()
+    return reply.error.reason
+
+
+def test_secure_aggregation_sites_refuse_a_threshold_below_a_majority(sites, tmp_path):
+    """t = 1 would make every share the secret. The coordinator refuses to set it, and a
+    coordinator that asks anyway (the key step's message, to the real ClientApp) is refused by
+    every site."""
+    from fedlib.server.secagg import SecAggError
+
+    with pytest.raises(SecAggError, match="threshold 1: a site accepts only a majority"):
+        federate(LocalGrid(sites), tmp_path / "fl", secagg=True, **{"secagg-threshold": 1})
+
+    def lower(node, message):
+        if message.metadata.message_type == wire.SECAGG_KEYS:
+            content = RecordDict({"plan": message.content["plan"], "secagg": ConfigRecord({"round": 0, "threshold": 1})})
+            return _secagg_message(node, wire.SECAGG_KEYS, content, message)
+        return message
+
+    grid = LocalGrid(sites, meddle=lower)
+    with pytest.raises(FederationError, match="signed keys from 0 sites"):
+        federate(grid, tmp_path / "fl2", secagg=True)
+    for node in (1000, 1001, 1002):
+        assert "threshold 1: a site accepts only a majority of its 3-site roster" in \
+            _error_of(grid, node, wire.SECAGG_KEYS)
+
+
+def test_secure_aggregation_a_substituted_key_is_caught(sites, tmp_path):
+    """A key replaced on its way in (hospital-b's reply) fails its signature: not relayed, its
+    site named, the round goes on with the others (the file protocol's global file over them).
+    A key replaced on its way out (the coordinator's relay to hospital-a) is refused by the site."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from fedlib_flower.roster import raw_public_key
+
+    mine = raw_public_key(X25519PrivateKey.generate().public_key())
+
+    def substitute(node, message, reply):
+        if message.metadata.message_type == wire.SECAGG_KEYS and node == 1001:
+            keys = dict(reply.content["keys"], **{"share-key": mine})
+            return Message(RecordDict({"keys": ConfigRecord(keys)}), reply_to=message)
+        return reply
+
+    state = federate(LocalGrid(sites, tamper=substitute), tmp_path / "fl", secagg=True, **{"min-clients": 3})
+    record = state["rounds"][0]
+    assert record["clients"] == ["hospital-a", "hospital-c"] and list(record["secagg_suspects"]) == ["hospital-b"]
+    assert "does not verify against the roster" in record["secagg_suspects"]["hospital-b"]
+    files = cli_client_masks(sites, tmp_path / "cli", names=["hospital-a", "hospital-c"])
+    cli("aggregate", "--model", MODEL, "--out", tmp_path / "cli.global.safetensors", *files)
+    ours, theirs = MaskFile(tmp_path / "fl" / "global.mask.safetensors"), MaskFile(tmp_path / "cli.global.safetensors")
+    assert all(torch.equal(ours.layer_votes(layer["name"]), theirs.layer_votes(layer["name"]))
+               for layer in theirs.header.layers)
+
+    def relay(node, message):
+        if message.metadata.message_type == wire.SECAGG_SHARES and node == 1000:
+            keys = dict(message.content["secagg"])
+            keys["share-keys"] = [mine] + keys["share-keys"][1:]  # hospital-a is told another key for index 0
+            return _secagg_message(node, wire.SECAGG_SHARES, RecordDict({"secagg": ConfigRecord(keys)}), message)
+        return message
+
+    grid = LocalGrid(sites, meddle=relay)
+    federate(grid, tmp_path / "fl2", secagg=True, **{"round-deadline": 3.0})
+    assert "the server relayed other keys as this site's" in _error_of(grid, 1000, wire.SECAGG_SHARES)
+
+
+def test_secure_aggregation_a_site_reveals_only_for_the_survivor_list_t_sites_signed(sites, tmp_path):
+    """The coordinator tells hospital-a that hospital-c dropped out (to get the share of c's
+    key from a, while b and c reveal c's seed): a confirms that list alone, so it refuses to
+    reveal; the coordinator gets no share of c's key, and the round completes with the others'
+    reveals (threshold 2) and every site's votes."""
+    confirmed = {}
+
+    def split(node, message):
+        kind = message.metadata.message_type
+        if node == 1000 and kind in (wire.SECAGG_CONFIRM, wire.SECAGG_REVEAL):
+            step = dict(message.content["secagg"], survivors=[0, 1])
+            if kind == wire.SECAGG_REVEAL:
+                confirmed["signers"] = step["signers"]
+            return _secagg_message(node, kind, RecordDict({"secagg": ConfigRecord(step)}), message)
+        return message
+
+    grid = LocalGrid(sites, meddle=split)
+    state = federate(grid, tmp_path / "fl", secagg=True)
+    assert "do not verify" in _error_of(grid, 1000, wire.SECAGG_REVEAL)
+    assert confirmed["signers"] == [1, 2]  # a's signature on [0, 1] did not count for [0, 1, 2]
+    assert "hospital-a" in state["rounds"][0]["secagg_suspects"]
+    reveals = [r for r, m in zip(grid.received, grid.sent) if m.metadata.message_type == wire.SECAGG_REVEAL
+               and not r.has_error()]
+    assert all("key" not in r.content["reveal"]["kinds"] for r in reveals)  # no site's key left a site
+    assert state["rounds"][0]["clients"] == SITES
+
+
+def test_secure_aggregation_a_site_uploads_once_a_round(sites, tmp_path):
+    """After a round, the coordinator asks hospital-a to upload again under the same secrets,
+    for the same plan and for another one (magnitude: its difference with the first upload
+    would be a's Wanda mask): refused both times, from the state the site persisted."""
+    grid = LocalGrid(sites)
+    federate(grid, tmp_path / "fl", secagg=True)
+    (upload,) = [m for m in grid.sent if m.metadata.message_type == wire.SECAGG_UPLOAD
+                 and m.metadata.dst_node_id == 1000]
+    other = RecordDict({**upload.content, "plan": ConfigRecord(dict(upload.content["plan"], method="magnitude"))})
+    from fedlib.server.secagg import SecAggError
+
+    for content in (upload.content, other):
+        with pytest.raises(SecAggError, match="already received the round's shares"):
+            client_app.app(_secagg_message(1000, wire.SECAGG_UPLOAD, content, upload), grid.contexts[1000])
 
 
 def _empty_coded_layer(data: bytes) -> bytes:

@@ -90,6 +90,7 @@ class Coordinator:
         self.fingerprint, self.layers = self.handle.fingerprint(), self.handle.layers()
         self.n_blocks = self.handle.n_blocks
         self.clients: dict[int, str] = {}  # node id -> client id, in client id order
+        self.roster: dict = {}  # client id -> Ed25519 public key (settings.roster, read at hello)
         self.state: dict = {}
 
     # ------------------------------------------------------------------ messages
@@ -210,7 +211,7 @@ class Coordinator:
         refused alone; so is another model."""
         from fedlib_flower.roster import load_roster, raw_public_key, verifies
 
-        roster = load_roster(self.settings.roster)
+        self.roster = roster = load_roster(self.settings.roster)
         by_key = {raw_public_key(key): cid for cid, key in roster.items()}
         run_id = self.grid.run.run_id
         challenges = {node: secrets.token_bytes(32) for node in nodes}
@@ -431,64 +432,77 @@ class Coordinator:
     # ------------------------------------------------------------------ FedPrLLM with secure aggregation
 
     def secagg_round(self, strategy, t: int) -> dict:
-        """The four steps of :mod:`fedlib.server.secagg` over messages; the coordinator relays
-        public keys and ciphertexts, receives masked words (written to disk as they arrive) and
-        the survivors' reveals, and unmasks the sum of the votes layer by layer."""
+        """The five steps of :mod:`fedlib.server.secagg` (its active-adversary variant) over
+        messages. Sites are indexed by their position in the roster; the round is bound to the
+        Flower run, the round index, the roster, the plan and the threshold (a majority of the
+        roster). The coordinator relays signed keys, ciphertexts and signed survivor
+        confirmations, receives masked words (written to disk as they arrive) and the survivors'
+        reveals, and unmasks the sum of the votes layer by layer, checked against the cohort's
+        group totals; sites the library catches are named in the round's record."""
         from fedlib.io import write_safetensors
-        from fedlib.server.secagg import SecAggServer, default_threshold, modulus_bits, unpack_words
+        from fedlib.server.secagg import (Advertisement, RoundContext, SecAggServer, default_threshold, plan_digest,
+                                          unpack_words)
+        from fedlib_flower.client_app import ADVERTISEMENT
+        from fedlib_flower.roster import secagg_roster
 
         s, folder = self.settings, self.round_dir(t)
         group = f"round-{t}"
-        ids = sorted(self.clients.values())
-        index = {cid: i for i, cid in enumerate(ids)}
-        node_of = {cid: node for node, cid in self.clients.items()}
-        threshold = s.secagg_threshold or default_threshold(len(ids))
-        bits = modulus_bits(len(ids))
+        roster = secagg_roster(self.roster, self.settings.roster)
+        ids = roster.ids
+        node_of = {roster.index(cid): node for node, cid in self.clients.items()}
+        threshold = s.secagg_threshold or default_threshold(len(roster))
+        plan = s.plan(t)
+        server = SecAggServer(RoundContext(str(self.grid.run.run_id), t, roster, plan_digest(plan), threshold))
+        bits = server.bits
         moved = []
 
-        def step(kind: str, nodes, content_of, take, **limits) -> Exchange:
-            exchange = self.exchange({n: (kind, content_of(n)) for n in nodes}, take, group, **limits)
+        def step(kind: str, sites, content_of, take, **limits) -> Exchange:
+            exchange = self.exchange({node_of[j]: (kind, content_of(j)) for j in sites},
+                                     lambda node, reply: take(roster.index(self.clients[node]), reply), group, **limits)
             moved.append(exchange)
             return exchange
 
         def enough(what: str, have) -> None:
             if len(have) < threshold:
-                raise FederationError(f"round {t}: {what} from {len(have)} sites, the threshold is {threshold}")
+                raise FederationError(f"round {t}: {what} from {len(have)} sites, the threshold is {threshold} "
+                                      f"(suspects: {server.suspects or 'none'})")
 
-        advertised: dict[int, tuple[bytes, bytes]] = {}
+        adverts: dict[int, Advertisement] = {}
 
-        def take_keys(node: int, reply: Message) -> None:
-            keys = wire.config(reply.content, "keys", {"share-key": bytes, "masking-key": bytes})
-            advertised[index[self.clients[node]]] = (keys["share-key"], keys["masking-key"])
+        def take_keys(j: int, reply: Message) -> None:
+            keys = wire.config(reply.content, "keys", {"index": int, **ADVERTISEMENT})
+            if keys["index"] != j:
+                raise wire.WireError("keys", "index", f"{keys['index']}, the roster's index of {ids[j]!r} is {j}")
+            adverts[j] = Advertisement(*(keys[k] for k in ADVERTISEMENT))
 
-        step(wire.SECAGG_KEYS, list(self.clients), lambda n: RecordDict({"secagg": ConfigRecord(
-            {"round": t, "index": index[self.clients[n]], "n-clients": len(ids)})}), take_keys)
-        enough("keys", advertised)
+        step(wire.SECAGG_KEYS, sorted(node_of), lambda j: RecordDict({
+            "plan": ConfigRecord(plan), "secagg": ConfigRecord({"round": t, "threshold": threshold})}), take_keys)
+        advertised = server.admit(adverts)  # a key whose signature fails is not relayed
+        enough("signed keys", advertised)
         order = sorted(advertised)
-        keys = ConfigRecord({"round": t, "threshold": threshold, "clients": order,
-                             "share-keys": [advertised[j][0] for j in order],
-                             "masking-keys": [advertised[j][1] for j in order]})
+        keys = ConfigRecord({"round": t, "clients": order, **{
+            f"{k}s": [getattr(advertised[j], k.replace("-", "_")) for j in order] for k in ADVERTISEMENT}})
         inbox: dict[int, dict[int, bytes]] = {j: {} for j in order}
 
-        def take_shares(node: int, reply: Message) -> None:
+        def take_shares(j: int, reply: Message) -> None:
             shares = wire.config(reply.content, "shares", {"recipients": (list, int), "ciphertexts": (list, bytes)})
-            if shares["recipients"] != order:
+            if shares["recipients"] != order or len(shares["ciphertexts"]) != len(order):
                 raise wire.WireError("shares", "recipients", f"expected one share for each of {order}")
-            sender = index[self.clients[node]]
-            for j, data in zip(order, shares["ciphertexts"]):
-                inbox[j][sender] = data
+            for r, data in zip(order, shares["ciphertexts"]):
+                inbox[r][j] = data
 
-        step(wire.SECAGG_SHARES, [node_of[ids[j]] for j in order], lambda n: RecordDict({"secagg": keys}), take_shares)
+        step(wire.SECAGG_SHARES, order, lambda j: RecordDict({"secagg": keys}), take_shares)
         shared = sorted({sender for box in inbox.values() for sender in box})
         enough("shares", shared)
         numel = {info.name: info.shape[0] * info.shape[1] for info in self.layers}
         uploads: dict[int, Path] = {}
         claims: dict[int, dict] = {}
+        complaints: dict[int, list[int]] = {}
         settled, current = strategy.round_layers(self.layers, t if s.mode == "iterative" else None)
         packed = {info.name: bits * ((numel[info.name] + 7) // 8) for info in current}  # pack_words' length
 
-        def take_masked(node: int, reply: Message) -> None:
-            j = index[self.clients[node]]
+        def take_masked(j: int, reply: Message) -> None:
+            node = node_of[j]
             claim = wire.config(reply.content, "cohort", {"client-id": str, "method": str, "group": str,
                                                           "sparsity": float, "allocation": str, "n-samples": int})
             if claim["client-id"] != self.clients[node]:
@@ -497,6 +511,7 @@ class Coordinator:
             odd = [k for k in expected if claim[k] != expected[k]]
             if odd:
                 raise wire.WireError("cohort", odd[0], f"{claim[odd[0]]!r}, the coordinator asked for {expected[odd[0]]!r}")
+            accused = wire.config(reply.content, "complaints", {"senders": (list, int)})["senders"]
             masked = reply.content["masked"] if "masked" in reply.content else {}
             if sorted(masked) != sorted(info.name for info in current):
                 raise wire.WireError("masked", "*", "expected one array per layer of the round")
@@ -511,46 +526,57 @@ class Coordinator:
                 words[info.name] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             path = self.upload_path(node, folder, "secagg")
             write_safetensors(path, words, {"client_id": self.clients[node], "bits": str(bits)})
-            uploads[j], claims[j] = path, claim
+            uploads[j], claims[j], complaints[j] = path, claim, accused
 
         content = self.plan_content(t)
-        step(wire.SECAGG_UPLOAD, [node_of[ids[j]] for j in shared], lambda n: RecordDict({
-            **content, "secagg": ConfigRecord({"round": t, "clients": shared,
-                                               "senders": sorted(inbox[index[self.clients[n]]]),
-                                               "ciphertexts": [inbox[index[self.clients[n]]][i]
-                                                               for i in sorted(inbox[index[self.clients[n]]])]})}),
+        step(wire.SECAGG_UPLOAD, shared, lambda j: RecordDict({
+            **content, "secagg": ConfigRecord({"round": t, "participants": shared, "senders": sorted(inbox[j]),
+                                               "ciphertexts": [inbox[j][i] for i in sorted(inbox[j])]})}),
              take_masked, limit=sum(packed.values()) + SMALL_REPLY, metrics=True)
-        survivors = sorted(uploads)
+        # a site whose shares another says do not decrypt leaves the sum (both are named)
+        survivors = server.drop_accused(uploads, complaints)
         enough("masked uploads", survivors)
+        signatures: dict[int, bytes] = {}
+
+        def take_confirm(j: int, reply: Message) -> None:
+            signatures[j] = wire.config(reply.content, "confirm", {"signature": bytes})["signature"]
+
+        step(wire.SECAGG_CONFIRM, survivors,
+             lambda j: RecordDict({"secagg": ConfigRecord({"round": t, "survivors": survivors})}), take_confirm)
+        confirmations = server.admit_confirmations(survivors, signatures)
+        enough("signed confirmations", confirmations)
+        signers = sorted(confirmations)
         reveals: dict[int, dict] = {}
 
-        def take_reveal(node: int, reply: Message) -> None:
+        def take_reveal(j: int, reply: Message) -> None:
             r = wire.config(reply.content, "reveal", {"owners": (list, int), "kinds": (list, str), "values": (list, bytes)})
-            j = index[self.clients[node]]
+            if not len(r["owners"]) == len(r["kinds"]) == len(r["values"]):
+                raise wire.WireError("reveal", "owners", "expected one kind and one value for each owner")
             reveals[j] = {o: (k, (j + 1, int.from_bytes(v, "little")))
                           for o, k, v in zip(r["owners"], r["kinds"], r["values"])}
 
-        step(wire.SECAGG_REVEAL, [node_of[ids[j]] for j in survivors],
-             lambda n: RecordDict({"secagg": ConfigRecord({"round": t, "survivors": survivors})}), take_reveal)
+        step(wire.SECAGG_REVEAL, survivors, lambda j: RecordDict({"secagg": ConfigRecord({
+            "round": t, "survivors": survivors, "signers": signers,
+            "signatures": [confirmations[i] for i in signers]})}), take_reveal)
         enough("reveals", reveals)
-        server = SecAggServer(len(shared), threshold, bits, {j: advertised[j][1] for j in shared})
+        server.recover(reveals, survivors, shared)
+        cohort = {**self.cohort(), "allocation": claims[survivors[0]]["allocation"]}
+        if any(claims[j]["allocation"] != cohort["allocation"] for j in survivors):
+            raise FederationError(f"round {t}: the survivors claim different allocations")
         from safetensors import safe_open
 
-        handles = {j: safe_open(str(p), "np") for j, p in uploads.items()}
+        handles = {j: safe_open(str(uploads[j]), "np") for j in survivors}
 
         def vote(info, layer) -> None:
             masked = {j: unpack_words(h.get_tensor(info.name).tobytes(), numel[info.name], bits)
                       for j, h in handles.items()}
-            layer.add_counts(server.unmask(info.name, masked, reveals))
+            layer.add_counts(server.unmask(info.name, masked, info.shape, cohort))
 
-        cohort = {**self.cohort(), "allocation": claims[survivors[0]]["allocation"]}
-        if any(c["allocation"] != cohort["allocation"] for c in claims.values()):
-            raise FederationError(f"round {t}: the survivors claim different allocations")
         previous = self.previous(t)
         earlier = strategy.open_previous(previous, self.fingerprint, settled, len(survivors), cohort,
                                          t if s.mode == "iterative" else None)
         accepted = [ids[j] for j in survivors]
-        absent = sorted(set(ids) - set(accepted))
+        absent = sorted(set(self.clients.values()) - set(accepted))
         if s.mode == "iterative" and absent:
             raise FederationError(f"round {t}: {absent} dropped out; iterative FedPrLLM needs every site in every "
                                   f"round: start the federation again to resume at round {t}")
@@ -559,4 +585,5 @@ class Coordinator:
                              sum(claims[j]["n-samples"] for j in survivors), {}, vote, absent)
         total = Exchange(metrics=moved[2].metrics, bytes_down=sum(e.bytes_down for e in moved),
                          bytes_up=sum(e.bytes_up for e in moved))
-        return self.record(total, accepted, {"global_file": str(out), "secagg_threshold": threshold})
+        return self.record(total, accepted, {"global_file": str(out), "secagg_threshold": threshold,
+                                             "secagg_suspects": server.suspects})

@@ -91,6 +91,14 @@ def load_signing_key(path: Path | str) -> Ed25519PrivateKey:
     return key
 
 
+def secagg_roster(roster: dict[str, Ed25519PublicKey], source: str):
+    """``roster`` as :class:`fedlib.server.secagg.Roster`, what secure aggregation checks every
+    signature against (a site's index in a round is its position in the sorted ids)."""
+    from fedlib.server.secagg import Roster
+
+    return Roster({cid: raw_public_key(key) for cid, key in roster.items()}, source=source)
+
+
 def new_signing_key(path: Path | str) -> Ed25519PrivateKey:
     """A fresh Ed25519 key written to ``path`` (PKCS#8 PEM, owner-readable only)."""
     key = Ed25519PrivateKey.generate()

@@ -20,6 +20,7 @@ TRAIN_WEIGHTS = "train.weights"
 SECAGG_KEYS = "train.secagg_keys"
 SECAGG_SHARES = "train.secagg_shares"
 SECAGG_UPLOAD = "train.secagg_upload"
+SECAGG_CONFIRM = "train.secagg_confirm"
 SECAGG_REVEAL = "train.secagg_reveal"
 
 #: the ``stype`` of a file's bytes: raw, not numpy's serialization
