@@ -531,6 +531,23 @@ def test_a_roster_with_a_path_like_id_or_a_bad_key_is_refused_by_file_and_field(
     assert err.value.field == field and err.value.path == str(tmp_path / "roster.json")
 
 
+def test_a_roster_takes_hex_and_pem_keys_and_a_signing_key_from_openssl_pem(tmp_path):
+    """What an operator writes: ``openssl genpkey -algorithm ed25519`` keys, public halves as
+    PEM (``openssl pkey -pubout``) or 64 hex digits."""
+    from cryptography.hazmat.primitives import serialization
+
+    from fedlib_flower.roster import load_signing_key, raw_public_key
+
+    a, b = new_signing_key(tmp_path / "a.pem"), new_signing_key(tmp_path / "b.pem")
+    pem = a.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "roster.json").write_text(json.dumps({"site-b": raw_public_key_hex(b.public_key()),
+                                                      "site-a": pem.decode()}))
+    roster = load_roster(tmp_path / "roster.json")
+    assert list(roster) == ["site-a", "site-b"]
+    assert raw_public_key(roster["site-a"]) == raw_public_key(load_signing_key(tmp_path / "a.pem").public_key())
+    assert raw_public_key(roster["site-b"]) == raw_public_key(b.public_key())
+
+
 def raw_public_key_hex(key) -> str:
     from fedlib_flower.roster import raw_public_key
 
