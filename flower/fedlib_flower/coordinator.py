@@ -1,18 +1,21 @@
 """The coordinator: fedlib's server strategies driven round by round over a Flower ``Grid``.
 
-A federation: wait for the sites, ``query.hello`` binds each node to the client id and model
-fingerprint it reports; then each round of the strategy (one-shot FedPrLLM: 1; iterative: one
-per block; FedSpaLLM: T) goes out and comes back one reply at a time. Every upload is written to
-``out/round-NNN/<client id>.<kind>.safetensors`` as it arrives and read there with fedlib's strict
-reader, layer by layer: a file that is not exactly what fedlib writes for content the protocol
-allows, or whose ``client_id`` is not the one its node said, is refused (moved to ``refused/``,
-named with its field in ``federation.json``) while the others aggregate. The round's global file
-is what ``fedlib aggregate`` writes for the accepted files (the same function), plus the clients
-that are absent (no answer by the round's deadline, or refused) in ``x_absent_clients``.
+A federation: wait for the sites; ``query.hello`` gives each node the client id the roster
+(run config ``roster``, :mod:`fedlib_flower.roster`) has for the Ed25519 key it proves it holds,
+and checks its model fingerprint; then each round of the strategy (one-shot FedPrLLM: 1;
+iterative: one per block; FedSpaLLM: T) goes out and comes back one reply at a time, each pulled
+alone and refused by its declared size before its payload is read. Every upload is written to
+``out/round-NNN/<client id>.<kind>.safetensors`` as it arrives (the path checked to stay in that
+folder) and read there with fedlib's strict reader, layer by layer: a file that is not exactly
+what fedlib writes for content the protocol allows, or whose ``client_id`` is not its node's, is
+refused (moved to ``refused/``, named with its field in ``federation.json``) while the others
+aggregate; so is a reply whose metrics are malformed. The round's global file is what ``fedlib
+aggregate`` writes for the accepted files (the same function), plus the clients that are absent
+(no answer by the round's deadline, or refused) in ``x_absent_clients``.
 
-With ``secagg`` the round is the four steps of :mod:`fedlib.server.secagg` instead; the
-coordinator then holds masked words only, never a site's mask, and unmasks the sum of the
-survivors' votes layer by layer.
+With ``secagg`` the round is the five steps of :mod:`fedlib.server.secagg` (its variant against
+an active server) instead; the coordinator then holds masked words only, never a site's mask,
+and unmasks the sum of the survivors' votes layer by layer.
 
 Restart: ``out/federation.json`` records every finished round. A federation started again on the
 same out folder with the same settings, after a SuperLink restart, a coordinator crash or a

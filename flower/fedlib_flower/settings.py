@@ -43,7 +43,7 @@ class Settings:
     weight_dtype: str = "float16"
     #: fedprllm: secure aggregation of the votes (the coordinator never holds a site's mask)
     secagg: bool = False
-    #: its Shamir threshold t (0: floor(n/2) + 1)
+    #: its Shamir threshold t (0: floor(n/2) + 1, n the roster's sites; the sites refuse less)
     secagg_threshold: int = 0
     #: start once this many sites are connected (waiting at most connect_timeout seconds)
     min_clients: int = 2
