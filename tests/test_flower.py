@@ -38,7 +38,7 @@ class LocalGrid:
     ``tamper(node, message, reply)`` may replace a reply, or return None: no answer, ever;
     ``meddle(node, message)`` may replace what the coordinator sends (an active coordinator).
     ``received`` is every reply the coordinator got (what the server holds), ``sent`` every
-    message as the site got it."""
+    message as the site got it, ``answered`` each (message, reply) pair."""
 
     def __init__(self, sites: dict[str, dict], tamper=None, fail_from: str | None = None, roster: str | None = None,
                  meddle=None):
@@ -56,6 +56,7 @@ class LocalGrid:
         self.inbox: dict[str, Message] = {}
         self.received: list[Message] = []
         self.sent: list[Message] = []
+        self.answered: list[tuple[Message, Message]] = []
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -88,6 +89,7 @@ class LocalGrid:
                 reply = self.tamper(node, message, reply)
             if reply is not None:
                 self.received.append(reply)
+                self.answered.append((message, reply))
                 replies.append(reply)
         return replies
 
@@ -255,8 +257,7 @@ def _secagg_message(node: int, kind: str, content: RecordDict, like: Message) ->
 
 
 def _error_of(grid: LocalGrid, node: int, kind: str) -> str:
-    (reply,) = [r for r, m in zip(grid.received, grid.sent) if m.metadata.dst_node_id == node
-                and m.metadata.message_type == kind]
+    (reply,) = [r for m, r in grid.answered if m.metadata.dst_node_id == node and m.metadata.message_type == kind]
     assert reply.has_error()
     return reply.error.reason
 
@@ -342,8 +343,7 @@ def test_secure_aggregation_a_site_reveals_only_for_the_survivor_list_t_sites_si
     assert "do not verify" in _error_of(grid, 1000, wire.SECAGG_REVEAL)
     assert confirmed["signers"] == [1, 2]  # a's signature on [0, 1] did not count for [0, 1, 2]
     assert "hospital-a" in state["rounds"][0]["secagg_suspects"]
-    reveals = [r for r, m in zip(grid.received, grid.sent) if m.metadata.message_type == wire.SECAGG_REVEAL
-               and not r.has_error()]
+    reveals = [r for m, r in grid.answered if m.metadata.message_type == wire.SECAGG_REVEAL and not r.has_error()]
     assert all("key" not in r.content["reveal"]["kinds"] for r in reveals)  # no site's key left a site
     assert state["rounds"][0]["clients"] == SITES
 
