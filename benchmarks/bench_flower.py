@@ -8,6 +8,10 @@ federation (layer group), its rounds, the payload bytes sent down and up (the co
 count) and Flower's own network traffic (``flwr ls``), seconds per round, and peak resident
 memory per process: the coordinator (ServerApp), the largest site ClientApp, the SuperLink and
 the largest SuperNode (their VmHWM since they started: peaks so far, monotone over the runs).
+The coordinator's bound: what its peak grew by during the round (its peak after hello, the
+model's layers and the imports is the constant) against its largest upload on disk; the goal is
+at most 2 uploads (it pulls one reply at a time and writes it to disk: Flower's chunks and the
+assembled array of that one reply).
 Each global file is checked to equal ``fedlib aggregate`` over the uploads the coordinator wrote
 (byte for byte), and site 0's upload to equal ``fedlib client-mask`` on its data; secure
 aggregation's global file to equal the plain format 1 federation's (the script fails otherwise). With 2 cores, at most ``--parallel`` sites compute at once (the coordinator's
@@ -30,7 +34,7 @@ from common import DATA_DIR, MODEL, write
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "flower"))
-from fedlib_flower.localhost import Localhost, peak_rss_mib  # noqa: E402
+from fedlib_flower.localhost import Localhost, peak_rss_mib, site_keys  # noqa: E402
 
 FEDLIB = [sys.executable, "-m", "fedlib"]
 #: name -> (label, mask file format, secure aggregation); secagg is checked against v1's global file
@@ -58,9 +62,10 @@ def prepare(root: Path, n_clients: int, samples: int, seqlen: int) -> tuple[Path
     return model, calib
 
 
-def federation(site: Localhost, model: Path, out: Path, n_clients: int, parallel: int, **config) -> dict:
+def federation(site: Localhost, model: Path, out: Path, roster: Path, n_clients: int, parallel: int, **config) -> dict:
     start = time.monotonic()
-    run_id = site.run({"model": str(model), "out": str(out), "min-clients": n_clients, "connect-timeout": 300.0,
+    run_id = site.run({"model": str(model), "out": str(out), "roster": str(roster), "min-clients": n_clients,
+                       "connect-timeout": 300.0,
                        "round-deadline": 3600.0, "max-parallel": parallel, **config})
     run = site.wait(run_id, 4 * 3600)
     if run["status"] != "finished:completed":
@@ -106,14 +111,14 @@ def main() -> None:
         records = []
         try:
             site.superlink()
-            time.sleep(5)
+            roster, keys = site_keys(root / "keys", [f"site-{c:02d}" for c in range(len(calib))])
             for c, path in enumerate(calib):
-                site.supernode(f"site-{c:02d}", {"model": str(model), "calib": str(path), "client-id": f"site-{c:02d}",
-                                                  "threads": 1})
+                site.supernode(f"site-{c:02d}", {"model": str(model), "calib": str(path), "threads": 1,
+                                                  "signing-key": str(keys[f"site-{c:02d}"]), "roster": str(roster)})
             for name in args.variants:
                 label, version, secagg = VARIANTS[name]
                 out = root / f"federation-{name}"
-                result = federation(site, model, out, args.clients, args.parallel, mode="one-shot", group="layer",
+                result = federation(site, model, out, roster, args.clients, args.parallel, mode="one-shot", group="layer",
                                     method="wanda", **{"local-group": "row", "format-version": version, "secagg": secagg})
                 if not secagg:
                     check_bytes(model, out, calib[0], version, root)
@@ -121,6 +126,8 @@ def main() -> None:
                         (root / "federation-v1" / "global.mask.safetensors").read_bytes():
                     raise SystemExit("secure aggregation's global file differs from the plain federation's")
                 rnd, flower = result["round"], result["flower"]
+                largest = max(p.stat().st_size for p in (out / "round-000").glob("site-*.safetensors")) / 2 ** 20
+                growth = rnd["coordinator_peak_rss_mib"] - rnd["coordinator_peak_rss_before_mib"]
                 records.append({
                     "variant": label, "format_version": version, "secagg": secagg, "rounds": 1,
                     "seconds_per_round": rnd["seconds"], "run_seconds": result["run_seconds"],
@@ -128,6 +135,9 @@ def main() -> None:
                     "flower_inbound_bytes": flower["network-traffic"]["inbound-bytes"],
                     "flower_outbound_bytes": flower["network-traffic"]["outbound-bytes"],
                     "coordinator_peak_rss_mib": rnd["coordinator_peak_rss_mib"],
+                    "coordinator_peak_rss_before_round_mib": rnd["coordinator_peak_rss_before_mib"],
+                    "coordinator_round_growth_mib": growth, "largest_upload_mib": largest,
+                    "coordinator_growth_in_uploads": growth / largest,
                     "client_peak_rss_mib": rnd["client_peak_rss_mib"],
                     "client_seconds_max": max(rnd["client_seconds"]),
                     "superlink_peak_rss_mib": peak_rss_mib(site.procs["superlink"].pid),

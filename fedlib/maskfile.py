@@ -10,7 +10,7 @@ Format (safetensors, so no pickle and a bounded, checkable header):
   (needed for weight scaling);
 * in a weight file (:mod:`fedlib.weightfile`, ``x_payload = "weights"``), ``weight:<layer>``;
 * string metadata: ``format`` = ``fedlib-mask``, ``format_version``, ``model_fingerprint``,
-  ``role`` (``client`` or ``global``), ``client_id``, ``method``, ``group``, ``sparsity``
+  ``role`` (``client`` or ``global``), ``client_id`` (:data:`CLIENT_ID`), ``method``, ``group``, ``sparsity``
   (the claimed target), ``allocation`` (``uniform`` or ``nonuniform`` per-layer sparsity),
   ``n_samples``, ``seed``, ``n_clients`` (global; 1 in a client file), ``fedlib_version`` and
   ``layers``: JSON list of ``{"name", "shape", "pruned"}`` in model order; plus the ``x_``
@@ -381,6 +381,19 @@ def _text(text: str, limit: int = 256) -> str:
     return text
 
 
+#: a client id: it names files (``<client id>.mask.safetensors``) on the server and the coordinator,
+#: so letters, digits and ``._-`` only, not starting with a separator (no path, no hidden file)
+CLIENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def client_id(text: str) -> str:
+    """``text`` if it is a client id (:data:`CLIENT_ID`), else ValueError saying what is expected."""
+    if not isinstance(text, str) or not CLIENT_ID.fullmatch(text):
+        raise ValueError(f"expected a client id: 1 to 128 of A-Z a-z 0-9 . _ -, starting with a letter or digit, "
+                         f"got {_show(text)}")
+    return text
+
+
 def _version(text: str) -> str:
     if len(text) > 64 or not re.fullmatch(r"[0-9][A-Za-z0-9.+-]*", text):
         raise ValueError(f"expected a version such as {__version__!r}, got {_show(text)}")
@@ -409,8 +422,8 @@ def _block_list(value):
 
 
 def _client_list(value):
-    if (not isinstance(value, list) or any(not isinstance(c, str) or not 0 < len(c) <= 256 or not c.isprintable()
-                                           for c in value) or value != sorted(set(value))):
+    if (not isinstance(value, list) or any(not isinstance(c, str) or not CLIENT_ID.fullmatch(c) for c in value)
+            or value != sorted(set(value))):
         raise ValueError(f"expected an ascending JSON list of distinct client ids, got {_show(value)}")
     return value
 
@@ -546,7 +559,7 @@ def _dp_guarantee(value):
 METADATA_FIELDS = ("format", "format_version", "model_fingerprint", "role", "client_id", "method", "group",
                    "sparsity", "allocation", "n_samples", "seed", "n_clients", "fedlib_version", "layers")
 _PARSE = {
-    "model_fingerprint": _text, "role": _one_of("client", "global"), "client_id": _text, "method": _text,
+    "model_fingerprint": _text, "role": _one_of("client", "global"), "client_id": client_id, "method": _text,
     "group": _group, "sparsity": _float, "allocation": _one_of("uniform", "nonuniform"), "n_samples": _count,
     "seed": _count, "n_clients": _count, "fedlib_version": _version, "layers": _layers,
     "reference": _one_of("magnitude"), "reference_sha256": _sha256,

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from uuid import uuid4
 
 import pytest
 import torch
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 
 from fedlib.cli import main
 from fedlib.data import save_tokens
@@ -24,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "flower"))  # the app folder `flwr run` ships
 from fedlib_flower import client_app, wire  # noqa: E402
 from fedlib_flower.coordinator import Coordinator, FederationError  # noqa: E402
+from fedlib_flower.roster import load_roster, new_signing_key, write_roster  # noqa: E402
 from fedlib_flower.settings import Settings  # noqa: E402
 
 MODEL = REPO / ".test" / "model"
@@ -33,20 +35,28 @@ SITES = ["hospital-a", "hospital-b", "hospital-c"]
 class LocalGrid:
     """Flower's Grid interface in one process: a pushed message goes to the real ClientApp with its
     node's Context (node config; state kept across messages as a SuperNode keeps it).
-    ``tamper(node, message, reply)`` may replace a reply, or return None: no answer, ever.
-    ``received`` is every reply the coordinator got (what the server holds)."""
+    ``tamper(node, message, reply)`` may replace a reply, or return None: no answer, ever;
+    ``meddle(node, message)`` may replace what the coordinator sends (an active coordinator).
+    ``received`` is every reply the coordinator got (what the server holds), ``sent`` every
+    message as the site got it, ``answered`` each (message, reply) pair."""
 
-    def __init__(self, sites: dict[str, dict], tamper=None, fail_from: str | None = None):
+    def __init__(self, sites: dict[str, dict], tamper=None, fail_from: str | None = None, roster: str | None = None,
+                 meddle=None):
         from flwr.supercore.task_identity import TaskIdentity
 
         # what the ServerApp runtime sets before main(): messages carry the run and the sender
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = 1, 0, 0
+        self.run = SimpleNamespace(run_id=1)
+        #: the coordinator's roster: the sites' own (a test may give another)
+        self.roster = roster or next(iter(sites.values()))["roster"]
         self.contexts = {1000 + i: Context(run_id=1, node_id=1000 + i, node_config=config, state=RecordDict(),
                                            run_config={})
                          for i, config in enumerate(sites.values())}
-        self.tamper, self.fail_from = tamper, fail_from
+        self.tamper, self.fail_from, self.meddle = tamper, fail_from, meddle
         self.inbox: dict[str, Message] = {}
         self.received: list[Message] = []
+        self.sent: list[Message] = []
+        self.answered: list[tuple[Message, Message]] = []
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -68,6 +78,9 @@ class LocalGrid:
             if message is None:
                 continue
             node = message.metadata.dst_node_id
+            if self.meddle is not None:
+                message = self.meddle(node, message)
+            self.sent.append(message)
             try:
                 reply = client_app.app(message, self.contexts[node])
             except Exception as err:  # what a SuperNode returns when its ClientApp fails
@@ -76,29 +89,38 @@ class LocalGrid:
                 reply = self.tamper(node, message, reply)
             if reply is not None:
                 self.received.append(reply)
+                self.answered.append((message, reply))
                 replies.append(reply)
         return replies
 
 
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory) -> dict[str, dict]:
-    """Three sites' node configs over the .test model, each with its own calibration tokens."""
+    """Three sites' node configs over the .test model, each with its own calibration tokens and
+    signing key, all with the federation's roster (the coordinator's too: ROSTER)."""
     root = tmp_path_factory.mktemp("sites")
-    out = {}
+    out, keys = {}, {}
     for i, cid in enumerate(SITES):
         calib = root / f"{cid}.tokens.safetensors"
         save_tokens(calib, torch.randint(0, 257, (3, 16), generator=torch.Generator().manual_seed(i)))
-        out[cid] = {"model": str(MODEL), "calib": str(calib), "client-id": cid}
+        keys[cid] = new_signing_key(root / f"{cid}.key.pem").public_key()
+        out[cid] = {"model": str(MODEL), "calib": str(calib), "signing-key": str(root / f"{cid}.key.pem"),
+                    "roster": str(root / "roster.json")}
+    write_roster(root / "roster.json", keys)
     return out
 
 
-def settings(out: Path, **kw) -> Settings:
-    config = {"model": str(MODEL), "out": str(out), "min-clients": 3, "connect-timeout": 5.0, **kw}
+def settings(out: Path, roster: str, **kw) -> Settings:
+    config = {"model": str(MODEL), "out": str(out), "roster": roster, "min-clients": 3, "connect-timeout": 5.0, **kw}
     return Settings.from_run_config(config)
 
 
 def federate(grid, out: Path, **kw) -> dict:
-    return Coordinator(grid, settings(out, **kw), log=lambda line: None).run()
+    return Coordinator(grid, settings(out, grid.roster, **kw), log=lambda line: None).run()
+
+
+def roster_of(sites: dict[str, dict]) -> str:
+    return next(iter(sites.values()))["roster"]
 
 
 def cli(*argv) -> None:
@@ -200,7 +222,8 @@ def test_secure_aggregation_gives_the_same_global_file_and_the_server_no_mask(si
     assert len(received) > sum(map(len, plain))  # the masked uploads came in ...
     assert not any(layer in received for layer in plain)  # ... and no site's mask, of any layer
     kinds = {reply.metadata.message_type for reply in grid.received}
-    assert kinds == {wire.HELLO, wire.SECAGG_KEYS, wire.SECAGG_SHARES, wire.SECAGG_UPLOAD, wire.SECAGG_REVEAL}
+    assert kinds == {wire.HELLO, wire.SECAGG_KEYS, wire.SECAGG_SHARES, wire.SECAGG_UPLOAD, wire.SECAGG_CONFIRM,
+                     wire.SECAGG_REVEAL}
     assert not list((tmp_path / "fl").rglob("*.mask.safetensors")) == [] and \
         sorted(p.name for p in (tmp_path / "fl").rglob("*.mask.safetensors")) == ["global.mask.safetensors"] * 2
     assert state["rounds"][0]["secagg_threshold"] == 2
@@ -224,6 +247,121 @@ def test_secure_aggregation_survives_a_dropout(sites, tmp_path):
         name = layer["name"]
         assert torch.equal(ours.layer_mask(name), theirs.layer_mask(name))
         assert torch.equal(ours.layer_votes(name), theirs.layer_votes(name))
+
+
+def _secagg_message(node: int, kind: str, content: RecordDict, like: Message) -> Message:
+    """A coordinator's message of type ``kind`` to ``node`` in the round of ``like``."""
+    message = Message(content, node, kind, group_id=like.metadata.group_id, ttl=like.metadata.ttl)
+    message.metadata.__dict__["_message_id"] = like.metadata.message_id
+    return message
+
+
+def _error_of(grid: LocalGrid, node: int, kind: str) -> str:
+    (reply,) = [r for m, r in grid.answered if m.metadata.dst_node_id == node and m.metadata.message_type == kind]
+    assert reply.has_error()
+    return reply.error.reason
+
+
+def test_secure_aggregation_sites_refuse_a_threshold_below_a_majority(sites, tmp_path):
+    """t = 1 would make every share the secret. The coordinator refuses to set it, and a
+    coordinator that asks anyway (the key step's message, to the real ClientApp) is refused by
+    every site."""
+    from fedlib.server.secagg import SecAggError
+
+    with pytest.raises(SecAggError, match="threshold 1: a site accepts only a majority"):
+        federate(LocalGrid(sites), tmp_path / "fl", secagg=True, **{"secagg-threshold": 1})
+
+    def lower(node, message):
+        if message.metadata.message_type == wire.SECAGG_KEYS:
+            content = RecordDict({"plan": message.content["plan"], "secagg": ConfigRecord({"round": 0, "threshold": 1})})
+            return _secagg_message(node, wire.SECAGG_KEYS, content, message)
+        return message
+
+    grid = LocalGrid(sites, meddle=lower)
+    with pytest.raises(FederationError, match="signed keys from 0 sites"):
+        federate(grid, tmp_path / "fl2", secagg=True)
+    for node in (1000, 1001, 1002):
+        assert "threshold 1: a site accepts only a majority of its 3-site roster" in \
+            _error_of(grid, node, wire.SECAGG_KEYS)
+
+
+def test_secure_aggregation_a_substituted_key_is_caught(sites, tmp_path):
+    """A key replaced on its way in (hospital-b's reply) fails its signature: not relayed, its
+    site named, the round goes on with the others (the file protocol's global file over them).
+    A key replaced on its way out (the coordinator's relay to hospital-a) is refused by the site."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from fedlib_flower.roster import raw_public_key
+
+    mine = raw_public_key(X25519PrivateKey.generate().public_key())
+
+    def substitute(node, message, reply):
+        if message.metadata.message_type == wire.SECAGG_KEYS and node == 1001:
+            keys = dict(reply.content["keys"], **{"share-key": mine})
+            return Message(RecordDict({"keys": ConfigRecord(keys)}), reply_to=message)
+        return reply
+
+    state = federate(LocalGrid(sites, tamper=substitute), tmp_path / "fl", secagg=True, **{"min-clients": 3})
+    record = state["rounds"][0]
+    assert record["clients"] == ["hospital-a", "hospital-c"] and list(record["secagg_suspects"]) == ["hospital-b"]
+    assert "does not verify against the roster" in record["secagg_suspects"]["hospital-b"]
+    files = cli_client_masks(sites, tmp_path / "cli", names=["hospital-a", "hospital-c"])
+    cli("aggregate", "--model", MODEL, "--out", tmp_path / "cli.global.safetensors", *files)
+    ours, theirs = MaskFile(tmp_path / "fl" / "global.mask.safetensors"), MaskFile(tmp_path / "cli.global.safetensors")
+    assert all(torch.equal(ours.layer_votes(layer["name"]), theirs.layer_votes(layer["name"]))
+               for layer in theirs.header.layers)
+
+    def relay(node, message):
+        if message.metadata.message_type == wire.SECAGG_SHARES and node == 1000:
+            keys = dict(message.content["secagg"])
+            keys["share-keys"] = [mine] + keys["share-keys"][1:]  # hospital-a is told another key for index 0
+            return _secagg_message(node, wire.SECAGG_SHARES, RecordDict({"secagg": ConfigRecord(keys)}), message)
+        return message
+
+    grid = LocalGrid(sites, meddle=relay)
+    federate(grid, tmp_path / "fl2", secagg=True, **{"round-deadline": 3.0})
+    assert "the server relayed other keys as this site's" in _error_of(grid, 1000, wire.SECAGG_SHARES)
+
+
+def test_secure_aggregation_a_site_reveals_only_for_the_survivor_list_t_sites_signed(sites, tmp_path):
+    """The coordinator tells hospital-a that hospital-c dropped out (to get the share of c's
+    key from a, while b and c reveal c's seed): a confirms that list alone, so it refuses to
+    reveal; the coordinator gets no share of c's key, and the round completes with the others'
+    reveals (threshold 2) and every site's votes."""
+    confirmed = {}
+
+    def split(node, message):
+        kind = message.metadata.message_type
+        if node == 1000 and kind in (wire.SECAGG_CONFIRM, wire.SECAGG_REVEAL):
+            step = dict(message.content["secagg"], survivors=[0, 1])
+            if kind == wire.SECAGG_REVEAL:
+                confirmed["signers"] = step["signers"]
+            return _secagg_message(node, kind, RecordDict({"secagg": ConfigRecord(step)}), message)
+        return message
+
+    grid = LocalGrid(sites, meddle=split)
+    state = federate(grid, tmp_path / "fl", secagg=True)
+    assert "do not verify" in _error_of(grid, 1000, wire.SECAGG_REVEAL)
+    assert confirmed["signers"] == [1, 2]  # a's signature on [0, 1] did not count for [0, 1, 2]
+    assert "hospital-a" in state["rounds"][0]["secagg_suspects"]
+    reveals = [r for m, r in grid.answered if m.metadata.message_type == wire.SECAGG_REVEAL and not r.has_error()]
+    assert all("key" not in r.content["reveal"]["kinds"] for r in reveals)  # no site's key left a site
+    assert state["rounds"][0]["clients"] == SITES
+
+
+def test_secure_aggregation_a_site_uploads_once_a_round(sites, tmp_path):
+    """After a round, the coordinator asks hospital-a to upload again under the same secrets,
+    for the same plan and for another one (magnitude: its difference with the first upload
+    would be a's Wanda mask): refused both times, from the state the site persisted."""
+    grid = LocalGrid(sites)
+    federate(grid, tmp_path / "fl", secagg=True)
+    (upload,) = [m for m in grid.sent if m.metadata.message_type == wire.SECAGG_UPLOAD
+                 and m.metadata.dst_node_id == 1000]
+    other = RecordDict({**upload.content, "plan": ConfigRecord(dict(upload.content["plan"], method="magnitude"))})
+    from fedlib.server.secagg import SecAggError
+
+    for content in (upload.content, other):
+        with pytest.raises(SecAggError, match="already received the round's shares"):
+            client_app.app(_secagg_message(1000, wire.SECAGG_UPLOAD, content, upload), grid.contexts[1000])
 
 
 def _empty_coded_layer(data: bytes) -> bytes:
@@ -313,29 +451,180 @@ def test_a_restart_between_rounds_resumes_from_the_files_on_disk(sites, tmp_path
         federate(LocalGrid(sites), tmp_path / "fl", mode="iterative", sparsity=0.6)
 
 
-def test_hello_refuses_another_model_and_a_claimed_id(sites, tmp_path):
-    twins = {**sites, "twin": {**sites["hospital-a"]}}  # two nodes say hospital-a
-    grid = LocalGrid(twins)
-    coordinator = Coordinator(grid, settings(tmp_path / "fl", **{"min-clients": 2}), log=lambda line: None)
-    coordinator.hello(grid.get_node_ids())
-    assert sorted(coordinator.clients.values()) == ["hospital-b", "hospital-c"]
-    assert sorted(r["client_id"] for r in coordinator.state["refused"]) == ["hospital-a", "hospital-a"]
+def _impostors(sites: dict[str, dict], root: Path) -> dict[str, dict]:
+    """The three sites and four nodes that attack ``hello``: a second node with hospital-a's
+    key, a node whose key is in no roster, one that claims hospital-b's key with its own
+    signature, one that replays hospital-c's hello reply (all with path-free roster ids)."""
+    stranger = {**sites["hospital-a"], "signing-key": str(root / "stranger.key.pem")}
+    own = load_roster(sites["hospital-a"]["roster"])  # the stranger's own roster names it too
+    own["stranger"] = new_signing_key(root / "stranger.key.pem").public_key()
+    write_roster(root / "stranger.roster.json", own)
+    stranger["roster"] = str(root / "stranger.roster.json")
+    return {**sites, "twin": {**sites["hospital-a"]}, "stranger": stranger, "forger": {**stranger},
+            "replayer": {**stranger}}
+
+
+def _forge_and_replay(node, message, reply):
+    """Node 1005 claims hospital-b's key; node 1006 sends hospital-c's (node 1002's) reply."""
+    if message.metadata.message_type != wire.HELLO:
+        return reply
+    hello = dict(reply.content["hello"])
+    if node == 1005:
+        hello["public-key"] = _forge_and_replay.keys["hospital-b"]
+    elif node == 1002:
+        _forge_and_replay.seen = dict(hello)
+    elif node == 1006:
+        hello = _forge_and_replay.seen
+    return Message(RecordDict({"hello": ConfigRecord(hello)}), reply_to=message)
+
+
+def test_ids_come_from_the_roster_and_an_impostor_is_refused_alone(sites, tmp_path):
+    """Four hostile nodes beside the three sites: a second holder of hospital-a's key, a key no
+    roster of the coordinator has, a forged claim of hospital-b's key, a replay of hospital-c's
+    signed hello. Each is refused alone and named in federation.json; the three sites keep
+    their ids and the global file is the honest federation's, byte for byte."""
+    from fedlib_flower.roster import raw_public_key
+
+    _forge_and_replay.keys = {cid: raw_public_key(k) for cid, k in load_roster(roster_of(sites)).items()}
+    grid = LocalGrid(_impostors(sites, tmp_path), tamper=_forge_and_replay, roster=roster_of(sites))
+    state = federate(grid, tmp_path / "fl")
+    assert state["clients"] == SITES and state["rounds"][0]["clients"] == SITES
+    refused = {r["client_id"]: (r["field"], r["reason"]) for r in state["refused"]}
+    assert sorted(refused) == ["node 1003", "node 1004", "node 1005", "node 1006"]
+    assert "'hospital-a' is already held by node 1000" in refused["node 1003"][1]
+    assert refused["node 1004"][0] == "public-key" and "is not in the coordinator's roster" in refused["node 1004"][1]
+    assert refused["node 1005"][0] == "signature" and "'hospital-b'" in refused["node 1005"][1]
+    assert refused["node 1006"][0] == "signature" and "'hospital-c'" in refused["node 1006"][1]
+    federate(LocalGrid(sites), tmp_path / "honest")
+    assert (tmp_path / "fl" / "global.mask.safetensors").read_bytes() == \
+        (tmp_path / "honest" / "global.mask.safetensors").read_bytes()
+
+
+def test_hello_refuses_another_model(sites, tmp_path):
     other = {cid: {**config, "model": str(Path(sites["hospital-a"]["calib"]).parent / "other")}
              for cid, config in sites.items()}
     from conftest import tiny_llama
 
     tiny_llama(vocab_size=257, seed=3).save_pretrained(other["hospital-a"]["model"])
+    grid = LocalGrid(other)
+    coordinator = Coordinator(grid, settings(tmp_path / "fl", grid.roster), log=lambda line: None)
     with pytest.raises(FederationError, match="0 sites admitted"):
-        Coordinator(LocalGrid(other), settings(tmp_path / "fl2"), log=lambda line: None).hello([1000, 1001, 1002])
+        coordinator.hello([1000, 1001, 1002])
+    assert {r["field"] for r in coordinator.state["refused"]} == {"fingerprint"}
+
+
+@pytest.mark.parametrize("entry,field,message", [
+    ({"/x/y": "00" * 32}, "/x/y", "expected a client id"),
+    ({"../round-000/global": "00" * 32}, "../round-000/global", "expected a client id"),
+    ({"a": "00" * 31}, "a", "neither 64 hex digits nor a PEM block"),
+    ({"a": 7}, "a", "expected a public key"),
+    ({"a": "ab" * 32, "b": "ab" * 32}, "b", "the same public key as 'a'"),
+])
+def test_a_roster_with_a_path_like_id_or_a_bad_key_is_refused_by_file_and_field(tmp_path, entry, field, message):
+    from fedlib_flower.roster import RosterError
+
+    key = new_signing_key(tmp_path / "k.pem").public_key()
+    entry = {cid: raw_public_key_hex(key) if value == "ab" * 32 else value for cid, value in entry.items()}
+    (tmp_path / "roster.json").write_text(json.dumps(entry))
+    with pytest.raises(RosterError, match=message) as err:
+        load_roster(tmp_path / "roster.json")
+    assert err.value.field == field and err.value.path == str(tmp_path / "roster.json")
+
+
+def test_a_roster_takes_hex_and_pem_keys_and_a_signing_key_from_openssl_pem(tmp_path):
+    """What an operator writes: ``openssl genpkey -algorithm ed25519`` keys, public halves as
+    PEM (``openssl pkey -pubout``) or 64 hex digits."""
+    from cryptography.hazmat.primitives import serialization
+
+    from fedlib_flower.roster import load_signing_key, raw_public_key
+
+    a, b = new_signing_key(tmp_path / "a.pem"), new_signing_key(tmp_path / "b.pem")
+    pem = a.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "roster.json").write_text(json.dumps({"site-b": raw_public_key_hex(b.public_key()),
+                                                      "site-a": pem.decode()}))
+    roster = load_roster(tmp_path / "roster.json")
+    assert list(roster) == ["site-a", "site-b"]
+    assert raw_public_key(roster["site-a"]) == raw_public_key(load_signing_key(tmp_path / "a.pem").public_key())
+    assert raw_public_key(roster["site-b"]) == raw_public_key(b.public_key())
+
+
+def raw_public_key_hex(key) -> str:
+    from fedlib_flower.roster import raw_public_key
+
+    return raw_public_key(key).hex()
+
+
+def test_every_upload_path_stays_in_its_round_folder(sites, tmp_path):
+    """Whatever an id could be, the coordinator writes only inside the round's folder."""
+    grid = LocalGrid(sites)
+    coordinator = Coordinator(grid, settings(tmp_path / "fl", grid.roster), log=lambda line: None)
+    folder = coordinator.round_dir(0)
+    coordinator.clients = {1000: "hospital-a", 1001: "../round-001/x", 1002: "/x/y"}
+    assert coordinator.upload_path(1000, folder, "mask") == folder / "hospital-a.mask.safetensors"
+    for node in (1001, 1002):
+        with pytest.raises(wire.WireError, match="names a file outside"):
+            coordinator.upload_path(node, folder, "mask")
+
+
+def test_an_oversized_reply_is_refused_by_its_declared_size_before_its_payload_is_read(sites, tmp_path,
+                                                                                      monkeypatch):
+    """hospital-b's reply declares a 2**40-byte file (its payload a few bytes): refused by the
+    declaration, its payload never read (wire.raw_bytes), nothing of it written; the others
+    aggregate."""
+    from flwr.app import Array, ArrayRecord
+
+    read, raw_bytes = [], wire.raw_bytes
+    monkeypatch.setattr(wire, "raw_bytes", lambda record, key, array: read.append(array.shape) or
+                        raw_bytes(record, key, array))
+
+    def oversized(node, message, reply):
+        if message.metadata.message_type == wire.TRAIN_MASK and node == 1001:
+            huge = Array(dtype="uint8", shape=(1 << 40,), stype=wire.FILE_STYPE, data=b"\0" * 8)
+            return Message(RecordDict({"upload": ArrayRecord(array_dict={wire.FILE_KEY: huge}),
+                                       "metrics": reply.content["metrics"]}), reply_to=message)
+        return reply
+
+    state = federate(LocalGrid(sites, tamper=oversized), tmp_path / "fl")
+    (refusal,) = state["refused"]
+    assert refusal["client_id"] == "hospital-b" and f"declares {1 << 40} payload bytes" in refusal["reason"]
+    assert len(read) == 2 and (1 << 40,) not in read  # the two accepted files were read, not this one
+    assert not list((tmp_path / "fl").rglob("hospital-b.*"))
+    assert state["rounds"][0]["clients"] == ["hospital-a", "hospital-c"]
+
+
+@pytest.mark.parametrize("metrics,key", [({"seconds": 1.0}, "peak-rss-mib"),
+                                         ({"seconds": float("nan"), "peak-rss-mib": 1.0}, "seconds"),
+                                         ({"seconds": 1.0, "peak-rss-mib": -5.0}, "peak-rss-mib"),
+                                         ({"seconds": 1.0, "peak-rss-mib": 1.0, "extra": 2.0}, "extra")])
+def test_malformed_metrics_refuse_that_reply_not_the_run(sites, tmp_path, metrics, key):
+    """A reply whose metrics lack a key or carry a bad value is refused (before its file is
+    written); the run completes with the others and records their metrics."""
+    from flwr.app import MetricRecord
+
+    def malformed(node, message, reply):
+        if message.metadata.message_type == wire.TRAIN_MASK and node == 1002:
+            return Message(RecordDict({"upload": reply.content["upload"], "metrics": MetricRecord(metrics)}),
+                           reply_to=message)
+        return reply
+
+    state = federate(LocalGrid(sites, tamper=malformed), tmp_path / "fl")
+    (refusal,) = state["refused"]
+    assert refusal["client_id"] == "hospital-c" and f"record 'metrics': key {key!r}" in refusal["reason"]
+    record = state["rounds"][0]
+    assert state["status"] == "completed" and record["clients"] == ["hospital-a", "hospital-b"]
+    assert len(record["client_seconds"]) == 2 and record["client_peak_rss_mib"] > 0
+    assert not list((tmp_path / "fl").rglob("hospital-c.*"))
 
 
 def test_settings_are_checked_by_key():
+    with pytest.raises(ValueError, match="key 'roster': give the coordinator's roster file"):
+        Settings.from_run_config({"model": "m", "out": "o"})
     with pytest.raises(ValueError, match="unknown key 'sparsty'"):
-        Settings.from_run_config({"model": "m", "out": "o", "sparsty": 0.5})
+        Settings.from_run_config({"model": "m", "out": "o", "roster": "r", "sparsty": 0.5})
     with pytest.raises(ValueError, match="key 'secagg'"):
-        Settings.from_run_config({"model": "m", "out": "o", "secagg": True, "strategy": "fedspallm"})
+        Settings.from_run_config({"model": "m", "out": "o", "roster": "r", "secagg": True, "strategy": "fedspallm"})
     with pytest.raises(ValueError, match="key 'sparsity': expected float"):
-        Settings.from_run_config({"model": "m", "out": "o", "sparsity": "half"})
+        Settings.from_run_config({"model": "m", "out": "o", "roster": "r", "sparsity": "half"})
     with pytest.raises(wire.WireError, match="record 'plan': key 'blocks'"):
         wire.config(RecordDict({"plan": __import__("flwr.app").app.ConfigRecord({"blocks": ["x"]})}), "plan",
                     {"blocks": (list, int)})

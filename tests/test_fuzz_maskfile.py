@@ -250,6 +250,12 @@ def _printable(text, limit=256) -> bool:
     return isinstance(text, str) and 0 < len(text) <= limit and text.isprintable() and text == text.strip()
 
 
+def _client_id_ok(text) -> bool:
+    """A client id names a file: ASCII letters and digits, then also ``._-``, at most 128."""
+    return (isinstance(text, str) and 0 < len(text) <= 128 and text.isascii() and text[0].isalnum()
+            and all(c.isalnum() or c in "._-" for c in text))
+
+
 def _canonical_json(text, kind):
     try:
         value = json.loads(text)
@@ -319,7 +325,7 @@ def spec_violations(meta: dict, tensors: dict, corpus: Corpus, payload_expected:
     if payload_expected == "weights" and payload != "weights":
         bad.append("payload")
     version = meta["fedlib_version"]  # a digit, then PEP 440's alphabet
-    if not (_printable(meta["client_id"]) and _printable(meta["model_fingerprint"]) and len(version) <= 64
+    if not (_client_id_ok(meta["client_id"]) and _printable(meta["model_fingerprint"]) and len(version) <= 64
             and version[:1].isascii() and version[:1].isdigit()
             and all(c.isascii() and (c.isalnum() or c in ".+-") for c in version)):
         bad.append("text")
@@ -689,7 +695,7 @@ def mutate_semantics(data, seed: Seed, kind: str, corpus: Corpus) -> bytes:
             "sparsity": ["0.5", "0.7", "0.3", "0.52", "0.0"],
             "group": ["row", "layer", "column", "2:4", "4:8"],
             "allocation": ["uniform", "nonuniform"],
-            "client_id": ["7", "hospital-a", "server", "x" * 257],
+            "client_id": ["7", "hospital-a", "server", "x" * 257, "../x", "/x/y", ".hidden", "a b"],
             "n_samples": ["0", "5", "-1"], "seed": ["0", "3", "-2"], "n_clients": ["1", "2", "0", "3"],
             "role": ["client", "global"], "fedlib_version": ["0.0.1", "9.9.9+local", ""],
             "x_method_options": ['{"lam": 0.2}', '{"lam": 0.01}', "{}", '{"outlier_m": 3.0, "lam": 0.1}', '{"steps": 1}'],

@@ -81,6 +81,17 @@ def test_rejects_mask_for_another_model(model, tmp_path):
     assert str(path) in str(err.value)
 
 
+@pytest.mark.parametrize("client_id", ["/x/y", "../global", ".hidden", "a/b", "a b", "-x", "x" * 129, "é"])
+def test_refuses_a_client_id_that_is_not_a_plain_name(model, tmp_path, client_id):
+    """The id names the file a server writes (``<id>.mask.safetensors``): a path is refused."""
+    path = tmp_path / "c.mask.safetensors"
+    _client_file(model, path, client_id=client_id)
+    with pytest.raises(MaskFileError, match="client_id.*expected a client id"):
+        read_header(path, fingerprint(model), prunable_layers(model))
+    _client_file(model, path, client_id="site-01.a_b")
+    assert read_header(path, fingerprint(model), prunable_layers(model)).client_id == "site-01.a_b"
+
+
 def test_rejects_wrong_shapes(model, tmp_path):
     path = tmp_path / "c.mask.safetensors"
     _client_file(model, path)

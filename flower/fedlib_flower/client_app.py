@@ -2,16 +2,20 @@
 
 The site's SuperNode names them in its node config (``--node-config``): ``model`` (the public
 model's folder), ``calib`` (its private calibration token file, ``fedlib client-data`` /
-``calibration-pool``), ``client-id`` (its name in the federation), optionally ``threads``
-(torch threads, default 1). Nothing else of the site leaves it but the uploads below; the
+``calibration-pool``), ``signing-key`` (its Ed25519 private key, PEM) and ``roster`` (the
+federation's sites and their public keys, :mod:`fedlib_flower.roster`: the site's client id is
+the roster's name for its own key), optionally ``threads`` (torch threads, default 1). Nothing else of the site leaves it but the uploads below; the
 secure-aggregation secrets stay in the SuperNode's ``context.state``.
 
-* ``query.hello``: client id, model fingerprint, fedlib version, number of samples;
+* ``query.hello``: its public key and a signature over the coordinator's challenge bound to the
+  run and node (the coordinator gives it the id its own roster has for that key), the model
+  fingerprint, fedlib version, number of samples;
 * ``train.mask``: the site's mask file (one-shot, or round ``l`` of iterative FedPrLLM from the
   server's global file of blocks < l), written by :func:`fedlib.uploads.write_client_mask`;
 * ``train.weights``: its FedSpaLLM weight file (:func:`fedlib.uploads.write_client_weights`);
-* ``train.secagg_keys`` / ``_shares`` / ``_upload`` / ``_reveal``: the four steps of
-  :mod:`fedlib.server.secagg`; the upload is the mask file's layers, masked.
+* ``train.secagg_keys`` / ``_shares`` / ``_upload`` / ``_confirm`` / ``_reveal``: the five steps
+  of :mod:`fedlib.server.secagg` against an active server; the upload is the mask file's
+  layers, masked.
 """
 
 from __future__ import annotations
@@ -31,18 +35,19 @@ from fedlib_flower.settings import PLAN
 app = ClientApp()
 
 #: the node config keys a site gives its SuperNode
-NODE_KEYS = {"model", "calib", "client-id"}
+NODE_KEYS = {"model", "calib", "signing-key", "roster"}
 
 
 class Site:
-    """The site's model handle (``weights=False``: its fingerprint and layers only), tokens and
-    id, from its node config."""
+    """The site's model handle (``weights=False``: its fingerprint and layers only), tokens,
+    signing key, roster and id, from its node config."""
 
     def __init__(self, context: Context, weights: bool = True):
         import torch
 
         from fedlib.data import load_tokens
         from fedlib.models import open_model
+        from fedlib_flower.roster import load_roster, load_signing_key, raw_public_key
 
         config = context.node_config
         missing = sorted(NODE_KEYS - set(config))
@@ -50,7 +55,14 @@ class Site:
             raise ValueError(f"node config: key {missing[0]!r} missing; a site gives {sorted(NODE_KEYS)} "
                              "(flower-supernode --node-config)")
         torch.set_num_threads(int(config.get("threads", 1)))
-        self.client_id = str(config["client-id"])
+        self.signing_key = load_signing_key(str(config["signing-key"]))
+        self.roster = load_roster(str(config["roster"]))
+        self.public_key = raw_public_key(self.signing_key.public_key())
+        mine = [cid for cid, key in self.roster.items() if raw_public_key(key) == self.public_key]
+        if not mine:
+            raise ValueError(f"{config['roster']}: this site's public key {self.public_key.hex()} "
+                             f"({config['signing-key']}) is not in its roster")
+        self.client_id = mine[0]
         self.handle = open_model(str(config["model"]), weights=weights)
         self.ids = load_tokens(Path(str(config["calib"])))[0]
 
@@ -96,8 +108,11 @@ def hello(message: Message, context: Context) -> Message:
     from fedlib import __version__
 
     site = Site(context, weights=False)
+    challenge = wire.config(message.content, "hello", {"challenge": bytes})["challenge"]
+    statement = wire.hello_statement(message.metadata.run_id, context.node_id, challenge)
     return Message(RecordDict({"hello": ConfigRecord({
-        "client-id": site.client_id, "fingerprint": site.handle.fingerprint(), "fedlib-version": __version__,
+        "public-key": site.public_key, "signature": site.signing_key.sign(statement),
+        "fingerprint": site.handle.fingerprint(), "fedlib-version": __version__,
         "n-samples": int(site.ids.shape[0])})}), reply_to=message)
 
 
@@ -127,43 +142,70 @@ def train_weights(message: Message, context: Context) -> Message:
 
 
 # --------------------------------------------------------------------------- secure aggregation
+# The active-adversary variant of :mod:`fedlib.server.secagg`: the site's signing key and roster
+# (node config) sign and check every key, the Flower run id and the round index bind them, and
+# the site's state of the round (``SecAggClient.to_record``, in its SuperNode's ``context.state``,
+# never sent) is written before every reply, so each step happens at most once.
 
 
-def _secagg_state(context: Context, round_index: int):
+def _secagg_state(context: Context, site: Site, message: Message, round_index: int):
     from fedlib.server.secagg import SecAggClient, SecAggError
 
-    record = context.state.get("secagg") if "secagg" in context.state else None
-    if record is None or record["round"] != round_index:
-        raise SecAggError(f"round {round_index}: this site holds no secure-aggregation keys of that round")
-    return SecAggClient.from_record({k: v for k, v in record.items() if k != "round"})
+    record = context.state["secagg"] if "secagg" in context.state else None
+    run_id = str(message.metadata.run_id)
+    if record is None or (record["run_id"], record["round_index"]) != (run_id, round_index):
+        raise SecAggError(f"run {run_id}, round {round_index}: this site holds no secure-aggregation keys of that round")
+    return SecAggClient.from_record(dict(record), site.signing_key)
 
 
-def _keep_secagg_state(context: Context, client, round_index: int) -> None:
-    context.state["secagg"] = ConfigRecord({"round": round_index, **client.to_record()})
+def _keep_secagg_state(context: Context, client) -> None:
+    context.state["secagg"] = ConfigRecord(client.to_record())
+
+
+#: the signed advertisement of a site's keys (:class:`fedlib.server.secagg.Advertisement`), as it travels
+ADVERTISEMENT = {"share-key": bytes, "masking-key": bytes, "seed-commitment": bytes, "signature": bytes}
 
 
 @app.train("secagg_keys")
 def secagg_keys(message: Message, context: Context) -> Message:
-    """Step 1: fresh key pairs and self-mask seed for this round; their public halves go out."""
-    from fedlib.server.secagg import SecAggClient
+    """Step 1: fresh secrets for this round, bound to the run, the round, this site's roster, the
+    plan and the threshold (a threshold below a majority of the roster is refused); the public
+    halves go out signed. Once per round."""
+    from fedlib.server.secagg import RoundContext, SecAggClient, SecAggError, plan_digest
+    from fedlib_flower.roster import secagg_roster
 
-    step = wire.config(message.content, "secagg", {"round": int, "index": int, "n-clients": int})
-    client = SecAggClient.create(step["index"], step["n-clients"])
-    _keep_secagg_state(context, client, step["round"])
-    share_key, masking_key = client.advertise()
-    return Message(RecordDict({"keys": ConfigRecord({"share-key": share_key, "masking-key": masking_key})}),
-                   reply_to=message)
+    site = Site(context, weights=False)
+    step = wire.config(message.content, "secagg", {"round": int, "threshold": int})
+    plan = wire.config(message.content, "plan", PLAN)
+    run_id = str(message.metadata.run_id)
+    held = context.state["secagg"] if "secagg" in context.state else None
+    if held is not None and (held["run_id"], held["round_index"]) == (run_id, step["round"]):
+        raise SecAggError(f"run {run_id}, round {step['round']}: this site already advertised its keys of this round")
+    roster = secagg_roster(site.roster, "the site's roster")
+    round_context = RoundContext(run_id, step["round"], roster, plan_digest(plan), step["threshold"])
+    client = SecAggClient.create(round_context, site.client_id, site.signing_key)
+    _keep_secagg_state(context, client)
+    advert = client.advertise()
+    return Message(RecordDict({"keys": ConfigRecord({
+        "index": client.index, "share-key": advert.share_key, "masking-key": advert.masking_key,
+        "seed-commitment": advert.seed_commitment, "signature": advert.signature})}), reply_to=message)
 
 
 @app.train("secagg_shares")
 def secagg_shares(message: Message, context: Context) -> Message:
-    """Step 2: Shamir shares of this site's secrets, one ciphertext per site (relayed by the server)."""
-    step = wire.config(message.content, "secagg", {"round": int, "threshold": int, "clients": (list, int),
-                                                   "share-keys": (list, bytes), "masking-keys": (list, bytes)})
-    client = _secagg_state(context, step["round"])
-    advertised = {j: (c, s) for j, c, s in zip(step["clients"], step["share-keys"], step["masking-keys"])}
-    outbox = client.share_secrets(advertised, step["threshold"])
-    _keep_secagg_state(context, client, step["round"])
+    """Step 2: every relayed key checked against this site's roster, then Shamir shares of its
+    secrets, one ciphertext per site (relayed by the server). Once per round."""
+    from fedlib.server.secagg import Advertisement
+
+    site = Site(context, weights=False)
+    step = wire.config(message.content, "secagg", {"round": int, "clients": (list, int),
+                                                   **{f"{k}s": (list, bytes) for k in ADVERTISEMENT}})
+    if any(len(step[f"{k}s"]) != len(step["clients"]) for k in ADVERTISEMENT):
+        raise wire.WireError("secagg", "clients", "expected one key of each kind for each site")
+    client = _secagg_state(context, site, message, step["round"])
+    advertised = {j: Advertisement(*(step[f"{k}s"][i] for k in ADVERTISEMENT)) for i, j in enumerate(step["clients"])}
+    outbox = client.share_secrets(advertised)
+    _keep_secagg_state(context, client)
     recipients = sorted(outbox)
     return Message(RecordDict({"shares": ConfigRecord({"recipients": recipients,
                                                        "ciphertexts": [outbox[j] for j in recipients]})}),
@@ -172,19 +214,22 @@ def secagg_shares(message: Message, context: Context) -> Message:
 
 @app.train("secagg_upload")
 def secagg_upload(message: Message, context: Context) -> Message:
-    """Step 3: take the shares sent to this site, compute its mask file, upload each layer
-    masked (k-bit words, :func:`fedlib.server.secagg.pack_words`) with the file's cohort fields."""
+    """Step 3: take the shares sent to this site (naming the senders whose shares do not
+    decrypt), open the round's one upload for the plan signed at step 1, compute its mask file
+    and upload each layer masked (k-bit words, :func:`fedlib.server.secagg.pack_words`) with
+    the file's cohort fields."""
     from fedlib.maskfile import MaskFile
-    from fedlib.server.secagg import pack_words
+    from fedlib.server.secagg import pack_words, plan_digest
 
     start = time.perf_counter()
     site = Site(context)
-    step = wire.config(message.content, "secagg", {"round": int, "clients": (list, int), "senders": (list, int),
-                                                   "ciphertexts": (list, bytes)})
-    client = _secagg_state(context, step["round"])
-    client.receive_shares(dict(zip(step["senders"], step["ciphertexts"])))
-    client.restrict(step["clients"])
-    _keep_secagg_state(context, client, step["round"])
+    step = wire.config(message.content, "secagg", {"round": int, "participants": (list, int),
+                                                   "senders": (list, int), "ciphertexts": (list, bytes)})
+    plan = wire.config(message.content, "plan", PLAN)
+    client = _secagg_state(context, site, message, step["round"])
+    complaints = client.receive_shares(dict(zip(step["senders"], step["ciphertexts"])), step["participants"])
+    client.begin_upload(plan_digest(plan))
+    _keep_secagg_state(context, client)  # before any word leaves: a second upload is refused
     words = {}
     with tempfile.TemporaryDirectory() as tmp:
         upload = MaskFile(_mask_file(site, message, Path(tmp)))
@@ -194,19 +239,35 @@ def secagg_upload(message: Message, context: Context) -> Message:
         h = upload.header
         cohort = {"client-id": h.client_id, "method": h.method, "group": h.group, "sparsity": h.sparsity,
                   "allocation": h.allocation, "n-samples": h.n_samples}
+    _keep_secagg_state(context, client)
     return Message(RecordDict({"masked": ArrayRecord(array_dict=words), "cohort": ConfigRecord(cohort),
-                               "metrics": _metrics(start)}), reply_to=message)
+                               "complaints": ConfigRecord({"senders": complaints}), "metrics": _metrics(start)}),
+                   reply_to=message)
+
+
+@app.train("secagg_confirm")
+def secagg_confirm(message: Message, context: Context) -> Message:
+    """Step 4: sign the survivor list the server announces (one list per round)."""
+    site = Site(context, weights=False)
+    step = wire.config(message.content, "secagg", {"round": int, "survivors": (list, int)})
+    client = _secagg_state(context, site, message, step["round"])
+    signature = client.confirm_survivors(step["survivors"])
+    _keep_secagg_state(context, client)
+    return Message(RecordDict({"confirm": ConfigRecord({"signature": signature})}), reply_to=message)
 
 
 @app.train("secagg_reveal")
 def secagg_reveal(message: Message, context: Context) -> Message:
-    """Step 4 (once per round): per site, the share of its seed if it survived, of its key if not."""
+    """Step 5 (once per round, only with t valid confirmations of the list this site confirmed):
+    per site, the share of its seed if it survived, of its key if not."""
     from fedlib.server.secagg import SHARE_BYTES
 
-    step = wire.config(message.content, "secagg", {"round": int, "survivors": (list, int)})
-    client = _secagg_state(context, step["round"])
-    revealed = client.reveal(step["survivors"])
-    _keep_secagg_state(context, client, step["round"])  # revealed: a second request is refused
+    site = Site(context, weights=False)
+    step = wire.config(message.content, "secagg", {"round": int, "survivors": (list, int), "signers": (list, int),
+                                                   "signatures": (list, bytes)})
+    client = _secagg_state(context, site, message, step["round"])
+    revealed = client.reveal(step["survivors"], dict(zip(step["signers"], step["signatures"])))
+    _keep_secagg_state(context, client)
     owners = sorted(revealed)
     return Message(RecordDict({"reveal": ConfigRecord({
         "owners": owners, "kinds": [revealed[o][0] for o in owners],

@@ -1,18 +1,21 @@
 """The coordinator: fedlib's server strategies driven round by round over a Flower ``Grid``.
 
-A federation: wait for the sites, ``query.hello`` binds each node to the client id and model
-fingerprint it reports; then each round of the strategy (one-shot FedPrLLM: 1; iterative: one
-per block; FedSpaLLM: T) goes out and comes back one reply at a time. Every upload is written to
-``out/round-NNN/<client id>.<kind>.safetensors`` as it arrives and read there with fedlib's strict
-reader, layer by layer: a file that is not exactly what fedlib writes for content the protocol
-allows, or whose ``client_id`` is not the one its node said, is refused (moved to ``refused/``,
-named with its field in ``federation.json``) while the others aggregate. The round's global file
-is what ``fedlib aggregate`` writes for the accepted files (the same function), plus the clients
-that are absent (no answer by the round's deadline, or refused) in ``x_absent_clients``.
+A federation: wait for the sites; ``query.hello`` gives each node the client id the roster
+(run config ``roster``, :mod:`fedlib_flower.roster`) has for the Ed25519 key it proves it holds,
+and checks its model fingerprint; then each round of the strategy (one-shot FedPrLLM: 1;
+iterative: one per block; FedSpaLLM: T) goes out and comes back one reply at a time, each pulled
+alone and refused by its declared size before its payload is read. Every upload is written to
+``out/round-NNN/<client id>.<kind>.safetensors`` as it arrives (the path checked to stay in that
+folder) and read there with fedlib's strict reader, layer by layer: a file that is not exactly
+what fedlib writes for content the protocol allows, or whose ``client_id`` is not its node's, is
+refused (moved to ``refused/``, named with its field in ``federation.json``) while the others
+aggregate; so is a reply whose metrics are malformed. The round's global file is what ``fedlib
+aggregate`` writes for the accepted files (the same function), plus the clients that are absent
+(no answer by the round's deadline, or refused) in ``x_absent_clients``.
 
-With ``secagg`` the round is the four steps of :mod:`fedlib.server.secagg` instead; the
-coordinator then holds masked words only, never a site's mask, and unmasks the sum of the
-survivors' votes layer by layer.
+With ``secagg`` the round is the five steps of :mod:`fedlib.server.secagg` (its variant against
+an active server) instead; the coordinator then holds masked words only, never a site's mask,
+and unmasks the sum of the survivors' votes layer by layer.
 
 Restart: ``out/federation.json`` records every finished round. A federation started again on the
 same out folder with the same settings, after a SuperLink restart, a coordinator crash or a
@@ -25,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import resource
+import secrets
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +40,10 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from fedlib_flower import wire
 from fedlib_flower.settings import Settings
 
+#: what a site says in ``hello``
+HELLO = {"public-key": bytes, "signature": bytes, "fingerprint": str, "fedlib-version": str, "n-samples": int}
+#: the most payload bytes a reply that carries no file (hello, keys, shares, reveals) may declare
+SMALL_REPLY = 1 << 20
 #: Flower keeps an unanswered message this much longer than the round's deadline
 TTL_MARGIN = 60.0
 POLL_SECONDS = 0.2
@@ -58,23 +66,14 @@ class Refusal:
 
 @dataclass
 class Exchange:
-    """What one message step moved and who answered."""
+    """What one message step moved and who answered (the replies themselves are gone: each was
+    handled, its payload written to disk, as it arrived)."""
 
-    replies: dict[int, Message] = field(default_factory=dict)
+    answered: list[int] = field(default_factory=list)
+    #: node -> its reply's checked ``metrics`` (steps that upload)
+    metrics: dict[int, dict] = field(default_factory=dict)
     bytes_down: int = 0
     bytes_up: int = 0
-
-
-def content_bytes(content: RecordDict) -> int:
-    """Payload bytes of a message: every array's data and every bytes value of its configs."""
-    total = 0
-    for record in content.values():
-        for value in record.values():
-            if hasattr(value, "data"):
-                total += len(value.data)
-            elif isinstance(value, (bytes, list)):
-                total += len(value) if isinstance(value, bytes) else sum(len(v) for v in value if isinstance(v, bytes))
-    return total
 
 
 def peak_rss_mib() -> float:
@@ -94,49 +93,65 @@ class Coordinator:
         self.fingerprint, self.layers = self.handle.fingerprint(), self.handle.layers()
         self.n_blocks = self.handle.n_blocks
         self.clients: dict[int, str] = {}  # node id -> client id, in client id order
+        self.roster: dict = {}  # client id -> Ed25519 public key (settings.roster, read at hello)
         self.state: dict = {}
 
     # ------------------------------------------------------------------ messages
 
     def exchange(self, outgoing: Mapping[int, tuple[str, RecordDict]], on_reply: Callable[[int, Message], None],
-                 group: str) -> Exchange:
+                 group: str, limit: int = SMALL_REPLY, metrics: bool = False) -> Exchange:
         """Send each node its (message type, content), at most ``max_parallel`` in flight, and
-        take the replies one at a time as they arrive until all have answered or the round's
-        deadline passes. ``on_reply`` sees each answer (a reply that carries an error, or whose
-        handling raises, is refused and logged, not fatal)."""
+        take the replies one at a time, pulled one by one as they arrive, until all have answered
+        or the round's deadline passes. A reply that declares more than ``limit`` payload bytes is
+        refused before its payload is read; with ``metrics`` its metrics record is checked first.
+        ``on_reply`` then sees it (and writes what it keeps to disk: no reply outlives its turn).
+        A reply that carries an error, or whose handling raises, is refused and logged, not fatal."""
         s = self.settings
         result, queue = Exchange(), list(outgoing.items())
         pending: dict[str, int] = {}
         deadline = time.monotonic() + s.round_deadline
-        limit = s.max_parallel or len(queue)
+        parallel = s.max_parallel or len(queue)
         while queue or pending:
-            while queue and len(pending) < limit:
+            while queue and len(pending) < parallel:
                 node, (kind, content) = queue.pop(0)
                 message = Message(content, node, kind, group_id=group, ttl=s.round_deadline + TTL_MARGIN)
-                result.bytes_down += content_bytes(content)
+                result.bytes_down += wire.declared_bytes(content)
                 for message_id in self.grid.push_messages([message]):
                     pending[message_id] = node
             if time.monotonic() > deadline:
                 break
-            for reply in self.grid.pull_messages(list(pending)):
-                node = pending.pop(reply.metadata.reply_to_message_id, None)
-                if node is None:
-                    continue
-                if reply.has_error():
-                    self.refuse(node, f"the site's ClientApp failed: {reply.error.reason}")
-                    continue
-                result.bytes_up += content_bytes(reply.content)
-                try:
-                    on_reply(node, reply)
-                    result.replies[node] = reply
-                except (wire.WireError, ValueError) as err:  # MaskFileError and SecAggError are ValueErrors
-                    self.refuse(node, str(err), getattr(err, "path", ""), getattr(err, "field", ""))
+            for message_id in list(pending):  # one reply in memory at a time
+                for reply in self.grid.pull_messages([message_id]):
+                    node = pending.pop(reply.metadata.reply_to_message_id, None)
+                    if node is not None:
+                        self.take(node, reply, on_reply, result, limit, metrics)
             time.sleep(POLL_SECONDS if pending else 0)
         for node in pending.values():
             self.log(f"{self.clients.get(node, node)}: no answer within the round's deadline ({s.round_deadline} s)")
         for node, _ in queue:
             self.log(f"{self.clients.get(node, node)}: not asked before the round's deadline")
         return result
+
+    def take(self, node: int, reply: Message, on_reply: Callable[[int, Message], None], result: Exchange,
+             limit: int, metrics: bool) -> None:
+        """One reply of :meth:`exchange`: its size, its metrics, then ``on_reply``."""
+        if reply.has_error():
+            self.refuse(node, f"the site's ClientApp failed: {reply.error.reason}")
+            return
+        size = wire.declared_bytes(reply.content)
+        if size > limit:
+            self.refuse(node, f"the reply declares {size} payload bytes, at most {limit} are expected here")
+            return
+        result.bytes_up += size
+        try:
+            measured = wire.metrics(reply.content) if metrics else None
+            on_reply(node, reply)
+        except (wire.WireError, ValueError) as err:  # MaskFileError, SecAggError, RosterError are ValueErrors
+            self.refuse(node, str(err), getattr(err, "path", ""), getattr(err, "field", ""))
+            return
+        result.answered.append(node)
+        if measured is not None:
+            result.metrics[node] = measured
 
     def refuse(self, node: int, reason: str, file: str = "", field_name: str = "", client_id: str | None = None) -> None:
         refusal = Refusal(client_id or self.clients.get(node, f"node {node}"), reason, file, field_name)
@@ -154,19 +169,22 @@ class Coordinator:
         self.out.mkdir(parents=True, exist_ok=True)
         nodes = self.wait_for_nodes()
         self.hello(nodes)
+        refused = self.state.get("refused", [])  # at hello, before the record is opened
         self.state = self.resume()
+        self.state["refused"].extend(refused)
         strategy = s.server(len(self.clients))
         rounds = strategy.n_rounds(self.n_blocks)
         for t in range(len(self.state["rounds"]), rounds):
             self.state["round"] = t
-            start = time.monotonic()
+            start, peak_before = time.monotonic(), peak_rss_mib()
             if s.strategy == "fedspallm":
                 record = self.fedspallm_round(strategy, t)
             elif s.secagg:
                 record = self.secagg_round(strategy, t)
             else:
                 record = self.mask_round(strategy, t)
-            record.update(round=t, seconds=time.monotonic() - start, coordinator_peak_rss_mib=peak_rss_mib())
+            record.update(round=t, seconds=time.monotonic() - start, coordinator_peak_rss_mib=peak_rss_mib(),
+                          coordinator_peak_rss_before_mib=peak_before)
             self.state["rounds"].append(record)
             self.save()
             self.log(f"round {t}: {len(record['clients'])} clients, {record['bytes_up']} bytes up, "
@@ -190,30 +208,40 @@ class Coordinator:
             time.sleep(1.0)
 
     def hello(self, nodes: list[int]) -> None:
-        """Bind each node to the client id it reports; refuse another model or a taken id."""
-        said: dict[int, dict] = {}
+        """Give each node its client id: the roster's id of the key it proves it holds (a
+        signature over a fresh challenge bound to this run and the node). A node whose key is not
+        in the roster, whose signature fails, or whose key another node already proved, is
+        refused alone; so is another model."""
+        from fedlib_flower.roster import load_roster, raw_public_key, verifies
+
+        self.roster = roster = load_roster(self.settings.roster)
+        by_key = {raw_public_key(key): cid for cid, key in roster.items()}
+        run_id = self.grid.run.run_id
+        challenges = {node: secrets.token_bytes(32) for node in nodes}
+        self.clients = {}
 
         def take(node: int, reply: Message) -> None:
-            info = wire.config(reply.content, "hello", {"client-id": str, "fingerprint": str,
-                                                        "fedlib-version": str, "n-samples": int})
+            info = wire.config(reply.content, "hello", HELLO)
+            cid = by_key.get(info["public-key"])
+            if cid is None:
+                raise wire.WireError("hello", "public-key", f"{info['public-key'].hex()} is not in the coordinator's "
+                                                            f"roster {self.settings.roster}")
+            if not verifies(roster[cid], info["signature"], wire.hello_statement(run_id, node, challenges[node])):
+                raise wire.WireError("hello", "signature", f"does not prove {cid!r}'s key for this run and node")
             if info["fingerprint"] != self.fingerprint:
                 raise wire.WireError("hello", "fingerprint", f"{info['fingerprint'][:16]}... is another model than "
                                                              f"the coordinator's ({self.fingerprint[:16]}...)")
-            said[node] = info
+            holder = next((n for n, c in self.clients.items() if c == cid), None)
+            if holder is not None:  # the first to prove the key holds it
+                raise wire.WireError("hello", "public-key", f"{cid!r} is already held by node {holder}")
+            self.clients[node] = cid
 
-        self.exchange({n: (wire.HELLO, RecordDict({})) for n in nodes}, take, "hello")
-        by_id: dict[str, list[int]] = {}
-        for node, info in said.items():
-            by_id.setdefault(info["client-id"], []).append(node)
-        for client_id, holders in by_id.items():
-            if len(holders) > 1:  # which node is the impostor, nothing tells: none is admitted
-                for node in holders:
-                    self.refuse(node, f"client id {client_id!r} is claimed by nodes {holders}", client_id=client_id)
-        self.clients = {node: cid for cid, holders in sorted(by_id.items()) if len(holders) == 1
-                        for node in holders}
+        self.exchange({n: (wire.HELLO, RecordDict({"hello": ConfigRecord({"challenge": challenges[n]})}))
+                       for n in nodes}, take, "hello")
+        self.clients = dict(sorted(self.clients.items(), key=lambda item: item[1]))
         if len(self.clients) < self.settings.min_clients:
             raise FederationError(f"{len(self.clients)} sites admitted, min-clients is {self.settings.min_clients}")
-        self.log(f"sites: {sorted(self.clients.values())}")
+        self.log(f"sites: {list(self.clients.values())}")
 
     def resume(self) -> dict:
         """The federation's record: a new one, or the one on disk if it is this federation."""
@@ -257,22 +285,40 @@ class Coordinator:
         """The global file of the round before ``t`` (what round ``t`` continues)."""
         return None if t == 0 else self.round_dir(t - 1) / self.global_name(t - 1)
 
+    def upload_path(self, node: int, folder: Path, kind: str) -> Path:
+        """``folder/<client id>.<kind>.safetensors``, refused unless it resolves inside ``folder``
+        (the id is a roster name already: this holds whatever a name could be)."""
+        path = folder / f"{self.clients[node]}.{kind}.safetensors"
+        if path.resolve().parent != folder.resolve():
+            raise wire.WireError(kind, "client-id", f"{self.clients[node]!r} names a file outside {folder}")
+        return path
+
     def write_upload(self, node: int, folder: Path, kind: str, reply: Message) -> Path:
         """Write a reply's file as it arrives (whole or absent); the name is the node's client id."""
         from fedlib.io import atomic_path
 
-        path = folder / f"{self.clients[node]}.{kind}.safetensors"
+        path = self.upload_path(node, folder, kind)
         with atomic_path(path) as tmp:
             tmp.write_bytes(wire.file_bytes(reply.content, "upload"))
         return path
 
+    def file_limit(self, kind: str) -> int:
+        """The most bytes an honest ``mask`` / ``weights`` upload of this model can have: twice
+        the packed bits (format 2 codes below 1 bit a weight), or float32 weights and the bits,
+        plus room for the header."""
+        numel = sum(info.shape[0] * info.shape[1] for info in self.layers)
+        return {"mask": 2 * (numel // 8 + len(self.layers)), "weights": 4 * numel + numel // 8 + len(self.layers)}[kind] \
+            + SMALL_REPLY
+
     def record(self, exchange: Exchange, accepted: list[str], extra: dict | None = None) -> dict:
-        replies = [r for r in exchange.replies.values() if "metrics" in r.content]
-        peaks = [float(r.content["metrics"]["peak-rss-mib"]) for r in replies]
+        """A round's entry in federation.json; the metrics are the uploads' own, checked on arrival."""
+        node_of = {cid: node for node, cid in self.clients.items()}
+        measured = [exchange.metrics[node_of[cid]] for cid in accepted if node_of[cid] in exchange.metrics]
         absent = sorted(set(self.clients.values()) - set(accepted))
         return {"clients": accepted, "absent": absent, "bytes_up": exchange.bytes_up,
-                "bytes_down": exchange.bytes_down, "client_peak_rss_mib": max(peaks, default=0.0),
-                "client_seconds": [float(r.content["metrics"]["seconds"]) for r in replies], **(extra or {})}
+                "bytes_down": exchange.bytes_down,
+                "client_peak_rss_mib": max((m["peak-rss-mib"] for m in measured), default=0.0),
+                "client_seconds": [m["seconds"] for m in measured], **(extra or {})}
 
     # ------------------------------------------------------------------ FedPrLLM over files
 
@@ -320,7 +366,8 @@ class Coordinator:
             files[self.clients[node]] = upload
 
         content = self.plan_content(t)
-        exchange = self.exchange({n: (wire.TRAIN_MASK, content) for n in self.clients}, take, f"round-{t}")
+        exchange = self.exchange({n: (wire.TRAIN_MASK, content) for n in self.clients}, take, f"round-{t}",
+                                 limit=self.file_limit("mask"), metrics=True)
         accepted = self.screen(strategy, files)
         absent = sorted(set(self.clients.values()) - set(accepted))
         if s.mode == "iterative" and absent:
@@ -374,7 +421,7 @@ class Coordinator:
             files[cid] = upload
 
         outgoing = {node: (wire.TRAIN_WEIGHTS, self.plan_content(t, blocks[cid])) for node, cid in self.clients.items()}
-        exchange = self.exchange(outgoing, take, f"round-{t}")
+        exchange = self.exchange(outgoing, take, f"round-{t}", limit=self.file_limit("weights"), metrics=True)
         accepted = self.screen(strategy, files)
         if not accepted:
             raise FederationError(f"round {t}: no valid upload")
@@ -388,63 +435,77 @@ class Coordinator:
     # ------------------------------------------------------------------ FedPrLLM with secure aggregation
 
     def secagg_round(self, strategy, t: int) -> dict:
-        """The four steps of :mod:`fedlib.server.secagg` over messages; the coordinator relays
-        public keys and ciphertexts, receives masked words (written to disk as they arrive) and
-        the survivors' reveals, and unmasks the sum of the votes layer by layer."""
+        """The five steps of :mod:`fedlib.server.secagg` (its active-adversary variant) over
+        messages. Sites are indexed by their position in the roster; the round is bound to the
+        Flower run, the round index, the roster, the plan and the threshold (a majority of the
+        roster). The coordinator relays signed keys, ciphertexts and signed survivor
+        confirmations, receives masked words (written to disk as they arrive) and the survivors'
+        reveals, and unmasks the sum of the votes layer by layer, checked against the cohort's
+        group totals; sites the library catches are named in the round's record."""
         from fedlib.io import write_safetensors
-        from fedlib.server.secagg import SecAggServer, default_threshold, modulus_bits, unpack_words
+        from fedlib.server.secagg import (Advertisement, RoundContext, SecAggServer, default_threshold, plan_digest,
+                                          unpack_words)
+        from fedlib_flower.client_app import ADVERTISEMENT
+        from fedlib_flower.roster import secagg_roster
 
         s, folder = self.settings, self.round_dir(t)
         group = f"round-{t}"
-        ids = sorted(self.clients.values())
-        index = {cid: i for i, cid in enumerate(ids)}
-        node_of = {cid: node for node, cid in self.clients.items()}
-        threshold = s.secagg_threshold or default_threshold(len(ids))
-        bits = modulus_bits(len(ids))
+        roster = secagg_roster(self.roster, self.settings.roster)
+        ids = roster.ids
+        node_of = {roster.index(cid): node for node, cid in self.clients.items()}
+        threshold = s.secagg_threshold or default_threshold(len(roster))
+        plan = s.plan(t)
+        server = SecAggServer(RoundContext(str(self.grid.run.run_id), t, roster, plan_digest(plan), threshold))
+        bits = server.bits
         moved = []
 
-        def step(kind: str, nodes, content_of, take) -> Exchange:
-            exchange = self.exchange({n: (kind, content_of(n)) for n in nodes}, take, group)
+        def step(kind: str, sites, content_of, take, **limits) -> Exchange:
+            exchange = self.exchange({node_of[j]: (kind, content_of(j)) for j in sites},
+                                     lambda node, reply: take(roster.index(self.clients[node]), reply), group, **limits)
             moved.append(exchange)
             return exchange
 
         def enough(what: str, have) -> None:
             if len(have) < threshold:
-                raise FederationError(f"round {t}: {what} from {len(have)} sites, the threshold is {threshold}")
+                raise FederationError(f"round {t}: {what} from {len(have)} sites, the threshold is {threshold} "
+                                      f"(suspects: {server.suspects or 'none'})")
 
-        advertised: dict[int, tuple[bytes, bytes]] = {}
+        adverts: dict[int, Advertisement] = {}
 
-        def take_keys(node: int, reply: Message) -> None:
-            keys = wire.config(reply.content, "keys", {"share-key": bytes, "masking-key": bytes})
-            advertised[index[self.clients[node]]] = (keys["share-key"], keys["masking-key"])
+        def take_keys(j: int, reply: Message) -> None:
+            keys = wire.config(reply.content, "keys", {"index": int, **ADVERTISEMENT})
+            if keys["index"] != j:
+                raise wire.WireError("keys", "index", f"{keys['index']}, the roster's index of {ids[j]!r} is {j}")
+            adverts[j] = Advertisement(*(keys[k] for k in ADVERTISEMENT))
 
-        step(wire.SECAGG_KEYS, list(self.clients), lambda n: RecordDict({"secagg": ConfigRecord(
-            {"round": t, "index": index[self.clients[n]], "n-clients": len(ids)})}), take_keys)
-        enough("keys", advertised)
+        step(wire.SECAGG_KEYS, sorted(node_of), lambda j: RecordDict({
+            "plan": ConfigRecord(plan), "secagg": ConfigRecord({"round": t, "threshold": threshold})}), take_keys)
+        advertised = server.admit(adverts)  # a key whose signature fails is not relayed
+        enough("signed keys", advertised)
         order = sorted(advertised)
-        keys = ConfigRecord({"round": t, "threshold": threshold, "clients": order,
-                             "share-keys": [advertised[j][0] for j in order],
-                             "masking-keys": [advertised[j][1] for j in order]})
+        keys = ConfigRecord({"round": t, "clients": order, **{
+            f"{k}s": [getattr(advertised[j], k.replace("-", "_")) for j in order] for k in ADVERTISEMENT}})
         inbox: dict[int, dict[int, bytes]] = {j: {} for j in order}
 
-        def take_shares(node: int, reply: Message) -> None:
+        def take_shares(j: int, reply: Message) -> None:
             shares = wire.config(reply.content, "shares", {"recipients": (list, int), "ciphertexts": (list, bytes)})
-            if shares["recipients"] != order:
+            if shares["recipients"] != order or len(shares["ciphertexts"]) != len(order):
                 raise wire.WireError("shares", "recipients", f"expected one share for each of {order}")
-            sender = index[self.clients[node]]
-            for j, data in zip(order, shares["ciphertexts"]):
-                inbox[j][sender] = data
+            for r, data in zip(order, shares["ciphertexts"]):
+                inbox[r][j] = data
 
-        step(wire.SECAGG_SHARES, [node_of[ids[j]] for j in order], lambda n: RecordDict({"secagg": keys}), take_shares)
+        step(wire.SECAGG_SHARES, order, lambda j: RecordDict({"secagg": keys}), take_shares)
         shared = sorted({sender for box in inbox.values() for sender in box})
         enough("shares", shared)
         numel = {info.name: info.shape[0] * info.shape[1] for info in self.layers}
         uploads: dict[int, Path] = {}
         claims: dict[int, dict] = {}
+        complaints: dict[int, list[int]] = {}
         settled, current = strategy.round_layers(self.layers, t if s.mode == "iterative" else None)
+        packed = {info.name: bits * ((numel[info.name] + 7) // 8) for info in current}  # pack_words' length
 
-        def take_masked(node: int, reply: Message) -> None:
-            j = index[self.clients[node]]
+        def take_masked(j: int, reply: Message) -> None:
+            node = node_of[j]
             claim = wire.config(reply.content, "cohort", {"client-id": str, "method": str, "group": str,
                                                           "sparsity": float, "allocation": str, "n-samples": int})
             if claim["client-id"] != self.clients[node]:
@@ -453,6 +514,7 @@ class Coordinator:
             odd = [k for k in expected if claim[k] != expected[k]]
             if odd:
                 raise wire.WireError("cohort", odd[0], f"{claim[odd[0]]!r}, the coordinator asked for {expected[odd[0]]!r}")
+            accused = wire.config(reply.content, "complaints", {"senders": (list, int)})["senders"]
             masked = reply.content["masked"] if "masked" in reply.content else {}
             if sorted(masked) != sorted(info.name for info in current):
                 raise wire.WireError("masked", "*", "expected one array per layer of the round")
@@ -461,56 +523,70 @@ class Coordinator:
             words = {}
             for info in current:  # k-bit words checked by their length, kept on disk, not in memory
                 data = wire.raw_bytes("masked", info.name, masked[info.name])
-                unpack_words(data, numel[info.name], bits)
+                if len(data) != packed[info.name]:
+                    raise wire.WireError("masked", info.name, f"{len(data)} bytes, expected {bits} bit planes of "
+                                                              f"{packed[info.name] // bits} bytes")
                 words[info.name] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            path = folder / f"{self.clients[node]}.secagg.safetensors"
+            path = self.upload_path(node, folder, "secagg")
             write_safetensors(path, words, {"client_id": self.clients[node], "bits": str(bits)})
-            uploads[j], claims[j] = path, claim
+            uploads[j], claims[j], complaints[j] = path, claim, accused
 
         content = self.plan_content(t)
-        step(wire.SECAGG_UPLOAD, [node_of[ids[j]] for j in shared], lambda n: RecordDict({
-            **content, "secagg": ConfigRecord({"round": t, "clients": shared,
-                                               "senders": sorted(inbox[index[self.clients[n]]]),
-                                               "ciphertexts": [inbox[index[self.clients[n]]][i]
-                                                               for i in sorted(inbox[index[self.clients[n]]])]})}),
-             take_masked)
-        survivors = sorted(uploads)
+        step(wire.SECAGG_UPLOAD, shared, lambda j: RecordDict({
+            **content, "secagg": ConfigRecord({"round": t, "participants": shared, "senders": sorted(inbox[j]),
+                                               "ciphertexts": [inbox[j][i] for i in sorted(inbox[j])]})}),
+             take_masked, limit=sum(packed.values()) + SMALL_REPLY, metrics=True)
+        # a site whose shares another says do not decrypt leaves the sum (both are named)
+        survivors = server.drop_accused(uploads, complaints)
         enough("masked uploads", survivors)
+        signatures: dict[int, bytes] = {}
+
+        def take_confirm(j: int, reply: Message) -> None:
+            signatures[j] = wire.config(reply.content, "confirm", {"signature": bytes})["signature"]
+
+        step(wire.SECAGG_CONFIRM, survivors,
+             lambda j: RecordDict({"secagg": ConfigRecord({"round": t, "survivors": survivors})}), take_confirm)
+        confirmations = server.admit_confirmations(survivors, signatures)
+        enough("signed confirmations", confirmations)
+        signers = sorted(confirmations)
         reveals: dict[int, dict] = {}
 
-        def take_reveal(node: int, reply: Message) -> None:
+        def take_reveal(j: int, reply: Message) -> None:
             r = wire.config(reply.content, "reveal", {"owners": (list, int), "kinds": (list, str), "values": (list, bytes)})
-            j = index[self.clients[node]]
+            if not len(r["owners"]) == len(r["kinds"]) == len(r["values"]):
+                raise wire.WireError("reveal", "owners", "expected one kind and one value for each owner")
             reveals[j] = {o: (k, (j + 1, int.from_bytes(v, "little")))
                           for o, k, v in zip(r["owners"], r["kinds"], r["values"])}
 
-        step(wire.SECAGG_REVEAL, [node_of[ids[j]] for j in survivors],
-             lambda n: RecordDict({"secagg": ConfigRecord({"round": t, "survivors": survivors})}), take_reveal)
+        step(wire.SECAGG_REVEAL, survivors, lambda j: RecordDict({"secagg": ConfigRecord({
+            "round": t, "survivors": survivors, "signers": signers,
+            "signatures": [confirmations[i] for i in signers]})}), take_reveal)
         enough("reveals", reveals)
-        server = SecAggServer(len(shared), threshold, bits, {j: advertised[j][1] for j in shared})
+        server.recover(reveals, survivors, shared)
+        cohort = {**self.cohort(), "allocation": claims[survivors[0]]["allocation"]}
+        if any(claims[j]["allocation"] != cohort["allocation"] for j in survivors):
+            raise FederationError(f"round {t}: the survivors claim different allocations")
         from safetensors import safe_open
 
-        handles = {j: safe_open(str(p), "np") for j, p in uploads.items()}
+        handles = {j: safe_open(str(uploads[j]), "np") for j in survivors}
 
         def vote(info, layer) -> None:
             masked = {j: unpack_words(h.get_tensor(info.name).tobytes(), numel[info.name], bits)
                       for j, h in handles.items()}
-            layer.add_counts(server.unmask(info.name, masked, reveals))
+            layer.add_counts(server.unmask(info.name, masked, info.shape, cohort))
 
-        cohort = {**self.cohort(), "allocation": claims[survivors[0]]["allocation"]}
-        if any(c["allocation"] != cohort["allocation"] for c in claims.values()):
-            raise FederationError(f"round {t}: the survivors claim different allocations")
         previous = self.previous(t)
         earlier = strategy.open_previous(previous, self.fingerprint, settled, len(survivors), cohort,
                                          t if s.mode == "iterative" else None)
         accepted = [ids[j] for j in survivors]
-        absent = sorted(set(ids) - set(accepted))
+        absent = sorted(set(self.clients.values()) - set(accepted))
         if s.mode == "iterative" and absent:
             raise FederationError(f"round {t}: {absent} dropped out; iterative FedPrLLM needs every site in every "
                                   f"round: start the federation again to resume at round {t}")
         out = folder / self.global_name(t)
         strategy.write_round(out, self.fingerprint, settled, current, earlier, cohort, len(survivors),
                              sum(claims[j]["n-samples"] for j in survivors), {}, vote, absent)
-        total = Exchange(replies=moved[2].replies, bytes_down=sum(e.bytes_down for e in moved),
+        total = Exchange(metrics=moved[2].metrics, bytes_down=sum(e.bytes_down for e in moved),
                          bytes_up=sum(e.bytes_up for e in moved))
-        return self.record(total, accepted, {"global_file": str(out), "secagg_threshold": threshold})
+        return self.record(total, accepted, {"global_file": str(out), "secagg_threshold": threshold,
+                                             "secagg_suspects": server.suspects})

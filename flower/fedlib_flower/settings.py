@@ -17,6 +17,8 @@ class Settings:
     model: str
     #: the coordinator's folder: every upload as it arrives, each round's global file, federation.json
     out: str
+    #: the roster (:mod:`fedlib_flower.roster`): each site's Ed25519 public key -> its client id
+    roster: str = ""
     strategy: str = "fedprllm"
     #: fedprllm: one-shot or iterative
     mode: str = "one-shot"
@@ -41,7 +43,7 @@ class Settings:
     weight_dtype: str = "float16"
     #: fedprllm: secure aggregation of the votes (the coordinator never holds a site's mask)
     secagg: bool = False
-    #: its Shamir threshold t (0: floor(n/2) + 1)
+    #: its Shamir threshold t (0: floor(n/2) + 1, n the roster's sites; the sites refuse less)
     secagg_threshold: int = 0
     #: start once this many sites are connected (waiting at most connect_timeout seconds)
     min_clients: int = 2
@@ -71,9 +73,10 @@ class Settings:
         return settings
 
     def check(self) -> None:
-        for key in ("model", "out"):
+        for key in ("model", "out", "roster"):
             if not getattr(self, key):
-                raise ValueError(f"run config: key {key!r}: give the coordinator's {key} folder")
+                raise ValueError(f"run config: key {key!r}: give the coordinator's {key} "
+                                 f"{'file' if key == 'roster' else 'folder'}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"run config: key 'strategy': expected one of {sorted(STRATEGIES)}, got {self.strategy!r}")
         json.loads(self.method_options)
@@ -107,8 +110,9 @@ class Settings:
 
     def digest_fields(self) -> dict:
         """What decides the federation's result (a resumed federation must agree on all of it);
-        deadlines, waiting and parallelism do not."""
-        skip = {"connect_timeout", "round_deadline", "max_parallel", "min_clients"}
+        deadlines, waiting, parallelism and where the roster is do not (who took part is checked
+        by id)."""
+        skip = {"connect_timeout", "round_deadline", "max_parallel", "min_clients", "roster"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
     def plan(self, round_index: int) -> dict:

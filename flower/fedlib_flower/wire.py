@@ -9,9 +9,10 @@ shape raises :class:`WireError` naming the record and the key.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 HELLO = "query.hello"
 TRAIN_MASK = "train.mask"
@@ -19,6 +20,7 @@ TRAIN_WEIGHTS = "train.weights"
 SECAGG_KEYS = "train.secagg_keys"
 SECAGG_SHARES = "train.secagg_shares"
 SECAGG_UPLOAD = "train.secagg_upload"
+SECAGG_CONFIRM = "train.secagg_confirm"
 SECAGG_REVEAL = "train.secagg_reveal"
 
 #: the ``stype`` of a file's bytes: raw, not numpy's serialization
@@ -31,7 +33,37 @@ class WireError(ValueError):
 
     def __init__(self, record: str, key: str, message: str):
         self.record, self.key = record, key
+        self.field = key  # what a refusal names (fedlib's errors' ``field``)
         super().__init__(f"record {record!r}: key {key!r}: {message}")
+
+
+#: a site's per-reply measurements, in every upload's ``metrics`` record
+METRICS = {"seconds": float, "peak-rss-mib": float}
+
+
+def hello_statement(run_id: int, node_id: int, challenge: bytes) -> bytes:
+    """What a site signs in ``hello``: the coordinator's fresh challenge, bound to the Flower run
+    and the node it was sent to (a signature is good for that node of that run only)."""
+    return b"fedlib-hello\0" + run_id.to_bytes(8, "big") + node_id.to_bytes(8, "big") + challenge
+
+
+def declared_bytes(content: RecordDict) -> int:
+    """The payload bytes a message says it carries: each array's declared shape (``uint8``
+    arrays: one byte an entry, by arithmetic; others are refused by the readers), each bytes
+    value's length. Checked against a limit before any payload is read."""
+    total = 0
+    for record in content.values():
+        for value in record.values():
+            if isinstance(value, Array):
+                count = 1
+                for n in value.shape:
+                    count *= max(int(n), 0)
+                total += count
+            elif isinstance(value, bytes):
+                total += len(value)
+            elif isinstance(value, list):
+                total += sum(len(v) for v in value if isinstance(v, bytes))
+    return total
 
 
 def file_record(data: bytes) -> ArrayRecord:
@@ -49,6 +81,22 @@ def raw_bytes(record: str, key: str, array: object) -> bytes:
     if tuple(array.shape) != (len(array.data),):
         raise WireError(record, key, f"shape {tuple(array.shape)} does not match its {len(array.data)} bytes")
     return bytes(array.data)
+
+
+def metrics(content: RecordDict) -> dict:
+    """``content["metrics"]``: exactly the keys of :data:`METRICS`, finite non-negative numbers."""
+    record = content.get("metrics") if "metrics" in content else None
+    if not isinstance(record, MetricRecord):
+        raise WireError("metrics", "*", "missing: expected a metric record")
+    if set(record) != set(METRICS):
+        raise WireError("metrics", sorted(set(record) ^ set(METRICS))[0], f"expected exactly the keys {sorted(METRICS)}")
+    out = {}
+    for key in METRICS:
+        value = record[key]
+        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+            raise WireError("metrics", key, f"expected a finite number >= 0, got {value!r}")
+        out[key] = float(value)
+    return out
 
 
 def file_bytes(content: RecordDict, name: str) -> bytes:
