@@ -643,6 +643,7 @@ MASK_FIELD_MEANINGS = {
     "method_options": "the method's constructor options (canonical JSON object)",
     "dtype": "the compute dtype the client ran in",
     "dp": "the DP guarantee of a DP client (ε, δ, clip, σ, accountant, neighbours, releases; compact JSON)",
+    "dp_release": "SHA-256 of the noisy sums the mask was estimated from: equal in the masks that estimators of one noisy release made (one ε spent)",
     "rr_epsilon_per_bit": "randomized response on the votes: ε per bit",
     "votes": "what the `votes:` tensors count",
     "robust": "the robust rule that screened the clients (`mad`)",
@@ -750,9 +751,8 @@ def _load(path: Path):
     return path.read_text()
 
 
-#: the workflow's configuration schema (inside the package once it ships there)
-SCHEMA = next((p for p in (REPO / "fedlib/schemas/config.schema.yaml", REPO / "workflow/schemas/config.schema.yaml")
-               if p.is_file()), REPO / "workflow/schemas/config.schema.yaml")
+#: the workflow's configuration schema (shipped inside the package)
+SCHEMA = REPO / "fedlib/schemas/config.schema.yaml"
 
 
 SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
