@@ -517,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_argument(p, "model folder (for its tokenizer)")
     p.add_argument("--dataset", default="c4", choices=["c4", "wikitext2", "ptb", "mix"],
                    help="mix: --nsamples windows from each of WikiText-2, C4 and PTB (the non-IID pool)")
-    p.add_argument("--data-dir", default=None, help="offline mirror folder; omit for the hub")
+    p.add_argument("--data-dir", default=None, help="offline mirror folder (auto: ../shared/data, else resources/data); omit for the hub")
     p.add_argument("--nsamples", type=int, required=True, help="windows to draw")
     p.add_argument("--seqlen", type=int, required=True, help="tokens per window")
     p.add_argument("--seed", type=int, default=0, help="the draw's seed")
@@ -670,7 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("eval-windows", cmd_eval_windows, "tokenize an evaluation set into non-overlapping windows")
     add_model_argument(p, "model folder (for its tokenizer)")
     p.add_argument("--dataset", required=True, choices=["wikitext2", "c4", "ptb"], help="the evaluation set")
-    p.add_argument("--data-dir", default=None, help="offline mirror folder; omit for the hub")
+    p.add_argument("--data-dir", default=None, help="offline mirror folder (auto: ../shared/data, else resources/data); omit for the hub")
     p.add_argument("--seqlen", type=int, default=512, help="tokens per window")
     p.add_argument("--windows", type=int, default=None, help="evenly spaced subset; all when omitted")
     add_c4_docs_argument(p, "C4 validation documents to tokenize (default: all)")

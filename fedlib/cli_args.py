@@ -132,7 +132,12 @@ def add_threads_argument(parser) -> argparse.Action:
 
 
 def parse_data_dir(value: str | None) -> Path | None:
-    """``--data-dir``: the offline mirror folder, or None for the Hugging Face hub (omitted, or ``hub``)."""
+    """``--data-dir``: the offline mirror folder (``auto``: ../shared/data, else resources/data, as the
+    workflow's data_dir), or None for the Hugging Face hub (omitted, or ``hub``)."""
+    from fedlib.mirror import AUTO, resolve_data_dir
+
+    if value == AUTO:
+        value = resolve_data_dir(value, ".")
     return None if value in (None, "", "hub") else Path(value)
 
 

@@ -161,7 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--seed-samples", type=int, default=32, help="samples per seeded draw")
     p.add_argument("--seqlen", type=int, default=512, help="tokens per sample of the seeded draws")
     p.add_argument("--dataset", default="c4", choices=["c4", "wikitext2", "ptb"], help="the seeded draws' data set")
-    p.add_argument("--data-dir", default=None, help="offline mirror folder; omit for the hub")
+    p.add_argument("--data-dir", default=None, help="offline mirror folder (auto: ../shared/data, else resources/data); omit for the hub")
     add_c4_docs_argument(p, "C4 documents the seeded draws come from (default: all)")
     _out_arg(p)
     p.add_argument("masks", nargs="*", help="client mask files to compare pairwise")
