@@ -108,6 +108,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedlib.groups import GROUPS, parse_nm, pruned_count
+from fedlib.maskfile import CLIENT_ID
 
 
 #: the Shamir field: the Mersenne prime 2^521 - 1 holds any 32-byte secret
@@ -292,13 +293,10 @@ def _u32(value: int) -> bytes:
     return int(value).to_bytes(4, "little")
 
 
-#: a site's id: what the roster, the coordinator's id map and mask files accept
-CLIENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
 class Roster:
     """The federation's sites, exchanged out of band: client id -> Ed25519 public key (32 raw
-    bytes). A site's index in a round is its id's position in the sorted ids."""
+    bytes; files: ``fedlib_flower.roster``). A site's index in a round is its id's position in the
+    sorted ids."""
 
     def __init__(self, keys: Mapping[str, bytes], source: str = "roster"):
         if not keys:
@@ -307,7 +305,7 @@ class Roster:
         self._keys: dict[str, Ed25519PublicKey] = {}
         for cid in self.ids:
             if not isinstance(cid, str) or not CLIENT_ID.fullmatch(cid):
-                raise SecAggError(f"{source}: site id {cid!r}: expected letters, digits, '.', '_', '-' "
+                raise SecAggError(f"{source}: site id {cid!r}: expected 1 to 128 letters, digits, '.', '_', '-' "
                                   "(not starting with '.', '_' or '-')")
             key = keys[cid]
             if not isinstance(key, (bytes, bytearray)) or len(key) != 32:
@@ -318,23 +316,6 @@ class Roster:
                 raise SecAggError(f"{source}: sites {twin!r} and {cid!r} have one key")
         self.digest = hashlib.sha256(_frame(b"fedlib-secagg roster", *(
             part for cid in self.ids for part in (cid.encode(), self.key(cid))))).digest()
-
-    @classmethod
-    def load(cls, path: Path) -> "Roster":
-        """A roster file: a JSON object, client id -> the site's Ed25519 public key in hex."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as err:
-            raise SecAggError(f"{path}: not a readable JSON roster ({err})") from None
-        if not isinstance(data, dict):
-            raise SecAggError(f"{path}: expected a JSON object, client id -> Ed25519 public key (hex)")
-        keys = {}
-        for cid, text in data.items():
-            try:
-                keys[cid] = bytes.fromhex(text)
-            except (TypeError, ValueError):
-                raise SecAggError(f"{path}: site {cid!r}: expected 64 hex digits (an Ed25519 public key)") from None
-        return cls(keys, str(path))
 
     def __len__(self) -> int:
         return len(self.ids)
