@@ -56,17 +56,19 @@ run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --report reports/report.html
 
 # the workflow's formatting (snakefmt, as the snakemake-workflows catalog), then the test suite
-# (everything but the Slurm test: what CI runs)
+# (everything but the Slurm test: what CI runs) on $(CORES) pytest-xdist workers, a test file's
+# tests on one worker (its module fixtures, Snakemake runs, built once), heavy files first (tests/conftest.py)
+PYTEST_WORKERS := -n $(CORES) --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
 	$(BIN)/snakefmt --check Snakefile workflow/
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs $(PYTEST_WORKERS)
 
 # the edit loop: the same but the Snakemake runs (tests marked workflow: test_workflow, test_crash)
 # and the slowest in-process tests (marked slow), and the fuzz suite with a tenth of its files
 # (hypothesis profile "fast", tests/conftest.py)
 test-fast: $(STAMP)
 	$(BIN)/snakefmt --check Snakefile workflow/
-	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q -rs -m "not workflow and not slow and not slurm and not flower"
+	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q -rs $(PYTEST_WORKERS) -m "not workflow and not slow and not slurm and not flower"
 
 # the HTML report of rule all's outputs (after `make run`); add named targets with
 # e.g. `make report TARGETS="all figure2 table12"` (after running them)

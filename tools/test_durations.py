@@ -1,7 +1,7 @@
 """The slowest tests of `make test`, into benchmarks/results/test_durations.json.
 
 ``python tools/test_durations.py`` runs the suite as `make test` runs it (pytest with 2 workers,
-``--dist loadgroup``) with a JUnit XML report and reads each test's time from it (setup, call and
+``--dist loadfile``) with a JUnit XML report and reads each test's time from it (setup, call and
 teardown together: a test that first asks for a shared Snakemake run carries that run's time);
 ``--junit FILE`` reads the report of a run made otherwise instead. The JSON holds the run's wall
 time, its outcome counts and the slowest tests (15 unless ``--top``).
@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))  # the checkout's fedlib (the commit measured), as
 
 from common import write  # noqa: E402
 
-MAKE_TEST = ["-q", "-rs", "-n", "2", "--dist", "loadgroup"]  # `make test`'s pytest arguments
+MAKE_TEST = ["-q", "-rs", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]  # `make test`'s pytest arguments
 
 
 def node_id(classname: str, name: str, root: Path) -> str:
