@@ -77,10 +77,12 @@ unlock: $(STAMP)
 	$(BIN)/snakemake --unlock
 
 # the workflow's formatting (snakefmt, as the snakemake-workflows catalog), then the test suite
-# (everything but the Slurm test: what CI runs)
+# (everything but the Slurm test: what CI runs) on $(CORES) pytest-xdist workers, a test file's
+# tests on one worker (its module fixtures, Snakemake runs, built once), heavy files first (tests/conftest.py)
+PYTEST_WORKERS := -n $(CORES) --dist loadfile --no-loadscope-reorder
 test: $(STAMP) docs
 	$(BIN)/snakefmt --check Snakefile workflow/
-	$(BIN)/python -m pytest -q -rs --junitxml=build/junit.xml
+	$(BIN)/python -m pytest -q -rs $(PYTEST_WORKERS) --junitxml=build/junit.xml
 
 # the docs site (mkdocs.yml, docs/) built strictly into build/site: a broken link, a page left out
 # of the navigation or a failing generator fails it; the CLI reference is generated from the
@@ -90,7 +92,7 @@ docs: $(STAMP)
 
 # README's table of the slowest tests, from the last `make test` (build/junit.xml)
 test-durations: $(STAMP)
-	$(BIN)/python tools/test_durations.py build/junit.xml
+	$(BIN)/python tools/test_durations.py --junit build/junit.xml
 	$(BIN)/python tools/readme_figures.py test-durations
 
 # the edit loop: the same but the Snakemake runs (tests marked workflow: test_workflow, test_crash)
@@ -98,7 +100,7 @@ test-durations: $(STAMP)
 # (hypothesis profile "fast", tests/conftest.py)
 test-fast: $(STAMP)
 	$(BIN)/snakefmt --check Snakefile workflow/
-	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q -rs -m "not workflow and not slow and not slurm and not flower"
+	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q -rs $(PYTEST_WORKERS) -m "not workflow and not slow and not slurm and not flower"
 
 # the HTML report of rule all's outputs (after `make run`); add named targets with
 # e.g. `make report TARGETS="all figure2 table12"` (after running them)

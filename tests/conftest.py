@@ -71,3 +71,14 @@ def data_dir() -> Path:
     if not (DATA_DIR / "c4" / "train.jsonl").is_file():
         pytest.fail(f"offline data mirror not found at {DATA_DIR} (expected ../shared/data beside the checkout)")
     return DATA_DIR
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (`make test`: ``-n 2 --dist loadfile --no-loadscope-reorder``, a file's
+    tests on one worker, so that a module-scoped fixture such as a Snakemake run is built once and
+    tests that build on an earlier one's files find them): the files with Snakemake runs first, then
+    those with slow tests, so that no worker starts one of them while the other has nothing left to do.
+    (Not ``--dist loadgroup``: pytest-xdist 3.8's groups are lost on pytest 9.2's node ids,
+    pytest-dev/pytest-xdist#1386.)"""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: (not item.get_closest_marker("workflow"), not item.get_closest_marker("slow")))
