@@ -26,8 +26,11 @@ def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
     x = np.asarray(values, dtype=np.float64).reshape(-1)
     if x.size < 2:
         raise ValueError(f"a t interval needs at least 2 values, got {x.size}")
+    mean = float(x.mean())
+    if np.ptp(x) == 0:  # a constant sample: zero width (scipy would warn of precision loss in its variance)
+        return mean, mean, mean
     ci = stats.ttest_1samp(x, 0.0).confidence_interval(confidence)
-    return float(x.mean()), float(ci.low), float(ci.high)
+    return mean, float(ci.low), float(ci.high)
 
 
 def clopper_pearson(k: int, n: int, confidence: float = 0.95, side: str = "two-sided") -> tuple[float, float]:

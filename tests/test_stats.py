@@ -22,6 +22,7 @@ def test_t_interval_is_scipys_and_the_textbook_formula():
         assert (lo, hi) == pytest.approx((ci.low, ci.high), rel=1e-12, abs=1e-12)
         half = stats.t.ppf(0.95, size - 1) * x.std(ddof=1) / math.sqrt(size)
         assert (mean, lo, hi) == pytest.approx((x.mean(), x.mean() - half, x.mean() + half), rel=1e-12, abs=1e-12)
+    assert t_interval([0.1, 0.1, 0.1]) == (pytest.approx(0.1),) * 3
     with pytest.raises(ValueError, match="at least 2"):
         t_interval([1.0])
 
