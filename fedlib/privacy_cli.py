@@ -456,7 +456,7 @@ def _cmd_dp_federation(args) -> None:
     from fedlib.dp.unit import common_unit, unit_of_tokens
 
     model, pruning, public, clients = _dp_federation_inputs(args)
-    unit = common_unit(unit_of_tokens(load_tokens(Path(path))[1], path) for path in args.clients)
+    unit = common_unit(unit_of_tokens(load_tokens(Path(path))[1], path) for path in args.calib)
     record = simulate(model, public, clients, json.loads(args.releases), Path(args.out_dir), pruning, args.noise_seed,
                       unit)
     _write_json(args.record, record)

@@ -22,7 +22,7 @@ def test_transfer_sizes_are_the_files_the_protocol_sends(tmp_path):
     iterative` wrote for blocks < L (download), both run here through the CLI."""
     model_dir = tmp_path / "model"
     tiny_llama(layers=3).save_pretrained(model_dir)
-    ids = ["0", "1", "12"]  # header sizes differ: id digits, sample counts
+    ids = ["0", "1", "1234567890123"]  # header sizes differ (by more than the header's 8-byte padding): id, samples
     calib = []
     for c, n in zip(ids, (2, 2, 11)):
         path = tmp_path / f"calib_{c}.safetensors"

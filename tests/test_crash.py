@@ -73,6 +73,18 @@ def command(workdir: Path, *args: str) -> list[str]:
             "--cores", "2", *(args or TARGETS), "--configfile", "config.yaml"]
 
 
+def unlock_after_kill(workdir: Path, check_refusal: bool = False) -> None:
+    """The user's step after a killed run: Snakemake's own --unlock (the workflow never removes a
+    lock itself). ``check_refusal``: first show that a run without it is refused, lock kept."""
+    if not any((workdir / ".snakemake" / "locks").glob("*")):
+        return
+    if check_refusal:
+        refused = subprocess.run(command(workdir), capture_output=True, text=True, env=without_venv_path(), cwd=workdir)
+        assert refused.returncode != 0 and "cannot be locked" in refused.stdout + refused.stderr
+        assert any((workdir / ".snakemake" / "locks").glob("*"))
+    subprocess.run(command(workdir, "--unlock"), check=True, capture_output=True, env=without_venv_path(), cwd=workdir)
+
+
 def children_cpu() -> float:
     """CPU seconds of this process's finished children and theirs (what a run cost, whatever
     else the machine is doing)."""
@@ -175,14 +187,7 @@ def test_kill_9_at_seeded_points_then_rerun_gives_identical_bytes(clean_run, tmp
     start, cpu = time.perf_counter(), children_cpu()
     landed = 0
     for i, (kind, param) in enumerate(plan):
-        if any((workdir / ".snakemake" / "locks").glob("*")):  # the killed run's lock
-            if i == 1:  # kept: the next run refuses to start until the user unlocks
-                refused = subprocess.run(command(workdir), capture_output=True, text=True, env=without_venv_path(),
-                                         cwd=workdir)
-                assert refused.returncode != 0 and "cannot be locked" in refused.stdout + refused.stderr
-                assert any((workdir / ".snakemake" / "locks").glob("*"))
-            subprocess.run(command(workdir, "--unlock"), check=True, capture_output=True, env=without_venv_path(),
-                           cwd=workdir)
+        unlock_after_kill(workdir, check_refusal=i == 1)
         seg = run_segment(workdir, kind, param)
         assert seg["killed"] or seg["returncode"] == 0, seg["output"][-4000:]
         incomplete = list((workdir / ".snakemake" / "incomplete").glob("*"))
@@ -192,6 +197,7 @@ def test_kill_9_at_seeded_points_then_rerun_gives_identical_bytes(clean_run, tmp
             break
         landed += 1
     assert landed >= 5, f"only {landed} of the planned kills landed before the workflow finished"
+    unlock_after_kill(workdir)
     final = run_segment(workdir, None, 0)
     assert final["returncode"] == 0, final["output"][-4000:]
     # (CPU of Snakemake processes only where killed: their jobs die unreaped by this process)

@@ -213,7 +213,7 @@ def test_every_reader_of_client_files_decodes_version_2(tmp_path):
         pruned[version] = copy.deepcopy(model)
         apply_mask_file(pruned[version], paths[version][0])
     assert all(torch.equal(a, b) for a, b in zip(pruned[1].parameters(), pruned[2].parameters()))
-    args = argparse.Namespace(method="wanda", group="row", sparsity=0.5, seed=0, method_options=None, blocks=None)
+    args = argparse.Namespace(method="wanda", local_group="row", sparsity=0.5, seed=0, method_options=None, blocks=None)
     bases = [_base_masks(model, argparse.Namespace(**vars(args), base_mask=str(paths[v][0])), torch.zeros(2, 8))
              for v in (1, 2)]
     assert bases[0].keys() == bases[1].keys() and all(torch.equal(bases[0][n], bases[1][n]) for n in bases[0])

@@ -205,6 +205,7 @@ def test_robust_options_are_checked(tiny_model_dir, tmp_path, capsys):
         FedPrLLM(robust="mad", mode="iterative")
     with pytest.raises(ValueError, match="k must be > 0"):
         MedianMAD(k=0)
+    (tmp_path / "x.safetensors").write_bytes(b"")  # input files are checked while the arguments are read
     code = main(["aggregate", "--model", str(tiny_model_dir), "--strategy", "fedspallm", "--robust", "mad",
                  "--out", str(tmp_path / "g.safetensors"), str(tmp_path / "x.safetensors")])
     assert code == 2 and "--robust is not an option of the fedspallm strategy" in capsys.readouterr().err
