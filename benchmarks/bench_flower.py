@@ -8,9 +8,10 @@ federation (layer group), its rounds, the payload bytes sent down and up (the co
 count) and Flower's own network traffic (``flwr ls``), seconds per round, and peak resident
 memory per process: the coordinator (ServerApp), the largest site ClientApp, the SuperLink and
 the largest SuperNode (their VmHWM since they started: peaks so far, monotone over the runs).
-The coordinator's bound: what its peak grew by during the round (its peak after hello, the
-model's layers and the imports is the constant) against its largest upload on disk; the goal is
-at most 2 uploads (it pulls one reply at a time and writes it to disk: Flower's chunks and the
+The coordinator's bound: what its peak grew by during the round, and by the time the last reply
+was taken (before aggregating), against its largest upload on disk (its peak after hello, the
+model's layers and the imports is the constant); the goal for taking the replies is at most 2
+uploads (it pulls one reply at a time and writes it to disk: Flower's chunks and the
 assembled array of that one reply).
 Each global file is checked to equal ``fedlib aggregate`` over the uploads the coordinator wrote
 (byte for byte), and site 0's upload to equal ``fedlib client-mask`` on its data; secure
@@ -138,6 +139,9 @@ def main() -> None:
                     "coordinator_peak_rss_before_round_mib": rnd["coordinator_peak_rss_before_mib"],
                     "coordinator_round_growth_mib": growth, "largest_upload_mib": largest,
                     "coordinator_growth_in_uploads": growth / largest,
+                    # the same before aggregation: what taking the 16 replies needed
+                    "coordinator_replies_growth_in_uploads":
+                        (rnd["coordinator_peak_rss_after_replies_mib"] - rnd["coordinator_peak_rss_before_mib"]) / largest,
                     "client_peak_rss_mib": rnd["client_peak_rss_mib"],
                     "client_seconds_max": max(rnd["client_seconds"]),
                     "superlink_peak_rss_mib": peak_rss_mib(site.procs["superlink"].pid),

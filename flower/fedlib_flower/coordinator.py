@@ -74,6 +74,9 @@ class Exchange:
     metrics: dict[int, dict] = field(default_factory=dict)
     bytes_down: int = 0
     bytes_up: int = 0
+    #: the coordinator's peak resident memory when the step's last reply was taken (before any
+    #: aggregation: what taking the replies needed)
+    peak_rss_mib: float = 0.0
 
 
 def peak_rss_mib() -> float:
@@ -130,6 +133,7 @@ class Coordinator:
             self.log(f"{self.clients.get(node, node)}: no answer within the round's deadline ({s.round_deadline} s)")
         for node, _ in queue:
             self.log(f"{self.clients.get(node, node)}: not asked before the round's deadline")
+        result.peak_rss_mib = peak_rss_mib()
         return result
 
     def take(self, node: int, reply: Message, on_reply: Callable[[int, Message], None], result: Exchange,
@@ -316,7 +320,7 @@ class Coordinator:
         measured = [exchange.metrics[node_of[cid]] for cid in accepted if node_of[cid] in exchange.metrics]
         absent = sorted(set(self.clients.values()) - set(accepted))
         return {"clients": accepted, "absent": absent, "bytes_up": exchange.bytes_up,
-                "bytes_down": exchange.bytes_down,
+                "bytes_down": exchange.bytes_down, "coordinator_peak_rss_after_replies_mib": exchange.peak_rss_mib,
                 "client_peak_rss_mib": max((m["peak-rss-mib"] for m in measured), default=0.0),
                 "client_seconds": [m["seconds"] for m in measured], **(extra or {})}
 
@@ -587,6 +591,6 @@ class Coordinator:
         strategy.write_round(out, self.fingerprint, settled, current, earlier, cohort, len(survivors),
                              sum(claims[j]["n-samples"] for j in survivors), {}, vote, absent)
         total = Exchange(metrics=moved[2].metrics, bytes_down=sum(e.bytes_down for e in moved),
-                         bytes_up=sum(e.bytes_up for e in moved))
+                         bytes_up=sum(e.bytes_up for e in moved), peak_rss_mib=max(e.peak_rss_mib for e in moved))
         return self.record(total, accepted, {"global_file": str(out), "secagg_threshold": threshold,
                                              "secagg_suspects": server.suspects})
