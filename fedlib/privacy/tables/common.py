@@ -110,6 +110,15 @@ def _plt():
     return plt
 
 
+def _save_png(fig, path: Path) -> None:
+    """Write ``fig`` to ``path`` atomically (a killed job leaves no half-written plot) and free it."""
+    from fedlib.io import atomic_path
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    _plt().close(fig)
+
+
 def _eps_key(value) -> float:
     return math.inf if str(value).lower() in ("inf", "infinity") else float(value)
 

@@ -7,7 +7,6 @@ import math
 import statistics
 from pathlib import Path
 
-from fedlib.io import atomic_path
 from fedlib.privacy.tables.common import (
     _block_scope,
     _caption,
@@ -17,6 +16,7 @@ from fedlib.privacy.tables.common import (
     num,
     pct,
     _plt,
+    _save_png,
     provenance,
     _size_label,
     _where,
@@ -149,9 +149,7 @@ def _defence_plot(records, evals, clean, dense, datasets, mia, spec, path, first
              va="bottom")
     ax.set_title("Privacy–utility: randomized response on shared mask bits")
     fig.tight_layout(rect=(0, 0.09, 1, 1))
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
+    _save_png(fig, path)
 
 
 def write(spec: dict, results: dict) -> list[Path]:

@@ -7,7 +7,6 @@ import json
 import math
 from pathlib import Path
 
-from fedlib.io import atomic_path
 from fedlib.privacy.tables.common import (
     _block_scope,
     _caption,
@@ -16,6 +15,7 @@ from fedlib.privacy.tables.common import (
     _load,
     num,
     _plt,
+    _save_png,
     provenance,
     _write_tables,
 )
@@ -190,6 +190,4 @@ def _dp_utility_plot(curves, public, rr_points, dense_eval, spec, path, extra) -
     fig.text(0.01, 0.01, _caption(spec, dense_eval.get("model_fingerprint", "?"), extra), fontsize=7, wrap=True,
              va="bottom")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
+    _save_png(fig, path)

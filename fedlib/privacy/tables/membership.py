@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlib.io import atomic_path
 from fedlib.privacy.tables.common import (
     _attack_columns,
     _attack_row,
@@ -16,6 +15,7 @@ from fedlib.privacy.tables.common import (
     num,
     pct,
     _plt,
+    _save_png,
     provenance,
     _s,
     _size_label,
@@ -117,9 +117,7 @@ def _roc_plot(res: dict, spec: dict, path: Path) -> None:
     fig.text(0.01, 0.01, caption, fontsize=7, wrap=True, va="bottom")
     fig.suptitle("Membership inference against a shared pruning mask")
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
+    _save_png(fig, path)
 
 
 def write(spec: dict, results: dict) -> list[Path]:
