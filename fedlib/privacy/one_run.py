@@ -92,18 +92,6 @@ def guesses(scores, included, k_plus: int, k_minus: int) -> tuple[int, int]:
     return k_plus + k_minus, int(inc[top].sum() + (~inc[bottom]).sum())
 
 
-def one_run_audit(scores, included, k_plus: int, k_minus: int, delta: float = 0.0,
-                  confidence: float = 0.95) -> dict:
-    """The one-run audit of one run's canary ``scores`` (module docstring): its guesses, the ε lower
-    bound and the ceiling at these sizes. ``k_plus``/``k_minus`` must be fixed before the scores
-    are seen (choosing them on the scores would void the confidence)."""
-    r, v = guesses(scores, included, k_plus, k_minus)
-    m = int(np.asarray(included).size)
-    return {"canaries": m, "guesses": r, "correct": v, "k_plus": k_plus, "k_minus": k_minus,
-            "epsilon_lb": one_run_epsilon_lb(m, r, v, delta, confidence),
-            "ceiling": one_run_ceiling(m, r, delta, confidence), "delta": delta, "confidence": confidence}
-
-
 def canaries_for_ceiling(epsilon: float, delta: float = 0.0, confidence: float = 0.95,
                          guess_fraction: float = 1.0, max_canaries: int = 2**20) -> int:
     """The fewest canaries (up to ``max_canaries``) whose ceiling, guessing ``guess_fraction`` of
