@@ -115,7 +115,8 @@ def main() -> None:
             roster, keys = site_keys(root / "keys", [f"site-{c:02d}" for c in range(len(calib))])
             for c, path in enumerate(calib):
                 site.supernode(f"site-{c:02d}", {"model": str(model), "calib": str(path), "threads": 1,
-                                                  "signing-key": str(keys[f"site-{c:02d}"]), "roster": str(roster)})
+                                                  "signing-key": str(keys[f"site-{c:02d}"]), "roster": str(roster),
+                                                  "ledger": str(root / "keys" / f"site-{c:02d}.ledger.json")})
             for name in args.variants:
                 label, version, secagg = VARIANTS[name]
                 out = root / f"federation-{name}"

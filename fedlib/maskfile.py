@@ -315,6 +315,18 @@ def write_mask_file(
             writer.add_tensor(name, tensor)
 
 
+def write_without_votes(src: Path, dst: Path) -> None:
+    """A copy of global mask file ``src`` without its ``votes:`` tensors, header otherwise the
+    same: what a site continuing an iterative federation needs (the earlier blocks' masks) when
+    it does not scale weights, without how many other sites pruned each weight."""
+    from safetensors import safe_open
+
+    with safe_open(str(src), "pt") as handle:
+        metadata = handle.metadata()
+        tensors = {name: handle.get_tensor(name) for name in handle.keys() if not name.startswith("votes:")}
+    write_safetensors(dst, tensors, metadata)
+
+
 def _show(value, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

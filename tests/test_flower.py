@@ -38,10 +38,14 @@ class LocalGrid:
     ``tamper(node, message, reply)`` may replace a reply, or return None: no answer, ever;
     ``meddle(node, message)`` may replace what the coordinator sends (an active coordinator).
     ``received`` is every reply the coordinator got (what the server holds), ``sent`` every
-    message as the site got it, ``answered`` each (message, reply) pair."""
+    message as the site got it, ``answered`` each (message, reply) pair. ``ledgers``: the
+    folder of the sites' contribution ledgers, ``<client id>.ledger.json`` (default a new one:
+    sites that have contributed nothing yet) unless a node config names its own."""
 
     def __init__(self, sites: dict[str, dict], tamper=None, fail_from: str | None = None, roster: str | None = None,
-                 meddle=None):
+                 meddle=None, ledgers: Path | None = None):
+        import tempfile
+
         from flwr.supercore.task_identity import TaskIdentity
 
         # what the ServerApp runtime sets before main(): messages carry the run and the sender
@@ -49,9 +53,10 @@ class LocalGrid:
         self.run = SimpleNamespace(run_id=1)
         #: the coordinator's roster: the sites' own (a test may give another)
         self.roster = roster or next(iter(sites.values()))["roster"]
-        self.contexts = {1000 + i: Context(run_id=1, node_id=1000 + i, node_config=config, state=RecordDict(),
-                                           run_config={})
-                         for i, config in enumerate(sites.values())}
+        ledgers = Path(ledgers or tempfile.mkdtemp(prefix="ledgers-"))
+        self.contexts = {1000 + i: Context(run_id=1, node_id=1000 + i, state=RecordDict(), run_config={},
+                                           node_config={"ledger": str(ledgers / f"{cid}.ledger.json"), **config})
+                         for i, (cid, config) in enumerate(sites.items())}
         self.tamper, self.fail_from, self.meddle = tamper, fail_from, meddle
         self.inbox: dict[str, Message] = {}
         self.received: list[Message] = []
@@ -247,6 +252,68 @@ def test_secure_aggregation_survives_a_dropout(sites, tmp_path):
         name = layer["name"]
         assert torch.equal(ours.layer_mask(name), theirs.layer_mask(name))
         assert torch.equal(ours.layer_votes(name), theirs.layer_votes(name))
+
+
+def test_iterative_secure_aggregation_equals_plain_and_sends_sites_no_votes(sites, tmp_path):
+    """Iterative FedPrLLM under secure aggregation gives the plain federation's global files, and
+    the earlier rounds' file each site gets carries the masks but no vote counts (with 2 sites
+    those would be the other's mask); with ``scale`` the sites need them and get them."""
+    from safetensors import safe_open
+
+    plain = federate(LocalGrid(sites), tmp_path / "plain", mode="iterative")
+    grid = LocalGrid(sites)
+    secure = federate(grid, tmp_path / "secure", mode="iterative", secagg=True)
+    assert len(plain["rounds"]) == len(secure["rounds"]) == 2
+    for t in range(2):
+        name = f"round-{t:03d}/global.mask.safetensors"
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "secure" / name).read_bytes()
+    kept = MaskFile(tmp_path / "secure" / "round-000" / "global.mask.safetensors")
+    assert kept.has_votes()  # the coordinator's own copy keeps them: round 1 continues its counts
+    carried = [m for m in grid.sent if "previous" in m.content]
+    assert len(carried) == 3
+    for message in carried:
+        sent = tmp_path / "sent.safetensors"
+        sent.write_bytes(wire.file_bytes(message.content, "previous"))
+        with safe_open(str(sent), "pt") as handle:
+            names = list(handle.keys())
+        assert names and not [n for n in names if n.startswith("votes:")]
+        for layer in kept.header.layers:
+            assert torch.equal(MaskFile(sent).layer_mask(layer["name"]), kept.layer_mask(layer["name"]))
+    scaled = LocalGrid(sites)
+    federate(scaled, tmp_path / "scaled", mode="iterative", scale=True)
+    (first, *_) = [m for m in scaled.sent if "previous" in m.content]
+    sent.write_bytes(wire.file_bytes(first.content, "previous"))
+    assert MaskFile(sent).has_votes()
+    with pytest.raises(ValueError, match="min-clients >= 3"):
+        settings(tmp_path / "x", roster_of(sites), mode="iterative", secagg=True, scale=True, **{"min-clients": 2})
+
+
+def test_secure_aggregation_a_site_refuses_to_be_differenced(sites, tmp_path):
+    """Differencing: the same plan summed over all three sites, then over hospital-a and -b
+    alone, would give hospital-c's mask as the difference. Each site's ledger (node config
+    ``ledger``) holds the first run's plan: a and b refuse to upload it again, so no second sum
+    exists. A site with ``min-cohort`` 3 refuses a 2-site round at its first step."""
+    ledgers = tmp_path / "ledgers"
+    ledgers.mkdir()
+    federate(LocalGrid(sites, ledgers=ledgers), tmp_path / "all", secagg=True)
+    for cid in SITES:
+        (entry,) = json.loads((ledgers / f"{cid}.ledger.json").read_text())["contributions"]
+        assert entry["run"] == "1" and entry["dp"] is False and len(entry["plan"]) == 64
+    pair = {cid: sites[cid] for cid in SITES[:2]}
+    grid = LocalGrid(pair, ledgers=ledgers, roster=roster_of(sites))
+    with pytest.raises(FederationError):
+        federate(grid, tmp_path / "pair", secagg=True, **{"min-clients": 2, "round-deadline": 3.0})
+    for node in (1000, 1001):
+        assert "already contributed this plan" in _error_of(grid, node, wire.SECAGG_UPLOAD)
+    assert not (tmp_path / "pair" / "global.mask.safetensors").exists()
+    # another plan (a new sparsity) is a new mask: contributed once, accepted
+    federate(LocalGrid(sites, ledgers=ledgers), tmp_path / "other", secagg=True, sparsity=0.6)
+    guarded = {cid: {**sites[cid], "min-cohort": 3} for cid in SITES[:2]}
+    grid = LocalGrid(guarded, roster=roster_of(sites))
+    with pytest.raises(FederationError):
+        federate(grid, tmp_path / "small", secagg=True, **{"min-clients": 2, "round-deadline": 3.0})
+    for node in (1000, 1001):
+        assert "minimum cohort 3" in _error_of(grid, node, wire.SECAGG_SHARES)
 
 
 def _secagg_message(node: int, kind: str, content: RecordDict, like: Message) -> Message:

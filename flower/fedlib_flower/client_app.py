@@ -4,7 +4,12 @@ The site's SuperNode names them in its node config (``--node-config``): ``model`
 model's folder), ``calib`` (its private calibration token file, ``fedlib client-data`` /
 ``calibration-pool``), ``signing-key`` (its Ed25519 private key, PEM) and ``roster`` (the
 federation's sites and their public keys, :mod:`fedlib_flower.roster`: the site's client id is
-the roster's name for its own key), optionally ``threads`` (torch threads, default 1). Nothing else of the site leaves it but the uploads below; the
+the roster's name for its own key), optionally ``threads`` (torch threads, default 1). Under
+secure aggregation also ``ledger`` (a JSON file of the site's own: every plan it contributed, by
+run, :class:`fedlib.server.secagg.ContributionLedger`; it refuses to contribute the same plan
+twice, which two sums over cohorts that differ by this site would give away) and optionally
+``min-cohort`` (the fewest sites it takes part with, itself included; default: the threshold, a
+majority of its roster). Nothing else of the site leaves it but the uploads below; the
 secure-aggregation secrets stay in the SuperNode's ``context.state``.
 
 * ``query.hello``: its public key and a signature over the coordinator's challenge bound to the
@@ -64,7 +69,23 @@ class Site:
                              f"({config['signing-key']}) is not in its roster")
         self.client_id = mine[0]
         self.handle = open_model(str(config["model"]), weights=weights)
-        self.ids = load_tokens(Path(str(config["calib"])))[0]
+        self.calib = Path(str(config["calib"]))
+        self.ids = load_tokens(self.calib)[0]
+        self.ledger = str(config.get("ledger", ""))
+        self.min_cohort = config.get("min-cohort", 0)
+        if type(self.min_cohort) is not int or self.min_cohort < 0:
+            raise ValueError(f"node config: key 'min-cohort': expected a whole number >= 0, got {self.min_cohort!r}")
+
+    def contribution(self, plan: dict) -> bytes:
+        """The digest of what decides this site's mask under ``plan``: the plan but its file
+        encoding, the model and the site's calibration tokens (what its ledger records)."""
+        import hashlib
+
+        from fedlib.server.secagg import plan_digest
+
+        decides = {k: v for k, v in plan.items() if k != "format-version"}
+        return plan_digest({**decides, "model": self.handle.fingerprint(),
+                            "calib-sha256": hashlib.sha256(self.calib.read_bytes()).hexdigest()})
 
 
 def _metrics(start: float) -> MetricRecord:
@@ -175,6 +196,9 @@ def secagg_keys(message: Message, context: Context) -> Message:
     from fedlib_flower.roster import secagg_roster
 
     site = Site(context, weights=False)
+    if not site.ledger:
+        raise ValueError("node config: key 'ledger' missing; under secure aggregation a site records the plans it "
+                         "contributed (a JSON file of its own) and refuses the same plan twice")
     step = wire.config(message.content, "secagg", {"round": int, "threshold": int})
     plan = wire.config(message.content, "plan", PLAN)
     run_id = str(message.metadata.run_id)
@@ -183,7 +207,7 @@ def secagg_keys(message: Message, context: Context) -> Message:
         raise SecAggError(f"run {run_id}, round {step['round']}: this site already advertised its keys of this round")
     roster = secagg_roster(site.roster, "the site's roster")
     round_context = RoundContext(run_id, step["round"], roster, plan_digest(plan), step["threshold"])
-    client = SecAggClient.create(round_context, site.client_id, site.signing_key)
+    client = SecAggClient.create(round_context, site.client_id, site.signing_key, min_cohort=site.min_cohort)
     _keep_secagg_state(context, client)
     advert = client.advertise()
     return Message(RecordDict({"keys": ConfigRecord({
@@ -215,11 +239,12 @@ def secagg_shares(message: Message, context: Context) -> Message:
 @app.train("secagg_upload")
 def secagg_upload(message: Message, context: Context) -> Message:
     """Step 3: take the shares sent to this site (naming the senders whose shares do not
-    decrypt), open the round's one upload for the plan signed at step 1, compute its mask file
-    and upload each layer masked (k-bit words, :func:`fedlib.server.secagg.pack_words`) with
-    the file's cohort fields."""
+    decrypt), open the round's one upload for the plan signed at step 1, record it in the site's
+    ledger (refused if this site contributed the same plan before, in any run), compute its mask
+    file and upload each layer masked (k-bit words, :func:`fedlib.server.secagg.pack_words`)
+    with the file's cohort fields."""
     from fedlib.maskfile import MaskFile
-    from fedlib.server.secagg import pack_words, plan_digest
+    from fedlib.server.secagg import ContributionLedger, pack_words, plan_digest
 
     start = time.perf_counter()
     site = Site(context)
@@ -230,6 +255,7 @@ def secagg_upload(message: Message, context: Context) -> Message:
     complaints = client.receive_shares(dict(zip(step["senders"], step["ciphertexts"])), step["participants"])
     client.begin_upload(plan_digest(plan))
     _keep_secagg_state(context, client)  # before any word leaves: a second upload is refused
+    ContributionLedger(Path(site.ledger)).admit(site.contribution(plan), str(message.metadata.run_id), dp=False)
     words = {}
     with tempfile.TemporaryDirectory() as tmp:
         upload = MaskFile(_mask_file(site, message, Path(tmp)))

@@ -30,6 +30,7 @@ import json
 import resource
 import secrets
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -397,8 +398,22 @@ class Coordinator:
         content = RecordDict({"plan": ConfigRecord(plan)})
         previous = self.previous(t)
         if previous is not None:
-            content["previous"] = wire.file_record(previous.read_bytes())
+            content["previous"] = wire.file_record(self.previous_for_sites(previous))
         return content
+
+    def previous_for_sites(self, path: Path) -> bytes:
+        """What the sites get of the earlier rounds' global file: FedPrLLM's vote counts only
+        where the sites scale weights by them (``scale``; with secure aggregation only from 3
+        sites up, :meth:`Settings.check`), else the masks alone, so that no site learns how many
+        of the others pruned each weight (with 2 sites: the other's mask)."""
+        if self.settings.strategy != "fedprllm" or self.settings.scale:
+            return path.read_bytes()
+        from fedlib.maskfile import write_without_votes
+
+        with tempfile.TemporaryDirectory() as tmp:
+            stripped = Path(tmp) / path.name
+            write_without_votes(path, stripped)
+            return stripped.read_bytes()
 
     # ------------------------------------------------------------------ FedSpaLLM
 

@@ -32,7 +32,8 @@ class Settings:
     method_options: str = "{}"
     #: mask file format of the uploads (fedprllm): 1 packed bits, 2 coded against the model
     format_version: int = 1
-    #: iterative fedprllm: sites continue from the scaled global blocks
+    #: iterative fedprllm: sites continue from the scaled global blocks (they then get the earlier
+    #: rounds' vote counts; without it, the masks alone)
     scale: bool = False
     batch_size: int = 8
     #: fedspallm: rounds T, per-site fractions of the blocks per round (space separated, in the
@@ -84,6 +85,10 @@ class Settings:
             raise ValueError("run config: key 'secagg': secure aggregation sums FedPrLLM's votes (strategy fedprllm)")
         if self.secagg and self.format_version != 1:
             raise ValueError("run config: key 'format-version': with secagg the sites upload masked words, not files")
+        if self.secagg and self.scale and self.mode == "iterative" and self.min_clients < 3:
+            raise ValueError("run config: key 'min-clients': iterative secagg with scale sends the sites the earlier "
+                             "rounds' vote counts, which give 2 sites each other's masks: min-clients >= 3 (each "
+                             "site then learns the sum of the others' masks of the settled blocks)")
         if self.min_clients < 1 or self.round_deadline <= 0 or self.max_parallel < 0:
             raise ValueError("run config: min-clients >= 1, round-deadline > 0 and max-parallel >= 0")
         self.server()  # the strategy checks its own options
