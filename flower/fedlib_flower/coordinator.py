@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import resource
 import secrets
 import shutil
@@ -461,7 +462,9 @@ class Coordinator:
         confirmations, receives masked words (written to disk as they arrive) and the survivors'
         reveals, and unmasks the sum of the votes layer by layer, checked against the cohort's
         group totals; sites the library catches are named in the round's record."""
-        from fedlib.io import write_safetensors
+        import torch
+
+        from fedlib.io import SafetensorsWriter, safetensors_layout
         from fedlib.server.secagg import (Advertisement, RoundContext, SecAggServer, default_threshold, plan_digest,
                                           unpack_words)
         from fedlib_flower.client_app import ADVERTISEMENT
@@ -522,6 +525,10 @@ class Coordinator:
         complaints: dict[int, list[int]] = {}
         settled, current = strategy.round_layers(self.layers, t if s.mode == "iterative" else None)
         packed = {info.name: bits * ((numel[info.name] + 7) // 8) for info in current}  # pack_words' length
+        declared = {name: (torch.uint8, (size,)) for name, size in packed.items()}
+
+        def upload_metadata(node: int) -> dict:
+            return {"client_id": self.clients[node], "bits": str(bits)}
 
         def take_masked(j: int, reply: Message) -> None:
             node = node_of[j]
@@ -537,17 +544,16 @@ class Coordinator:
             masked = reply.content["masked"] if "masked" in reply.content else {}
             if sorted(masked) != sorted(info.name for info in current):
                 raise wire.WireError("masked", "*", "expected one array per layer of the round")
-            import torch
-
-            words = {}
-            for info in current:  # k-bit words checked by their length, kept on disk, not in memory
-                data = wire.raw_bytes("masked", info.name, masked[info.name])
-                if len(data) != packed[info.name]:
-                    raise wire.WireError("masked", info.name, f"{len(data)} bytes, expected {bits} bit planes of "
-                                                              f"{packed[info.name] // bits} bytes")
-                words[info.name] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            words = {info.name: wire.raw_bytes("masked", info.name, masked[info.name]) for info in current}
+            for info in current:  # k-bit words checked by their length (no copy), then to disk a layer at a time
+                if len(words[info.name]) != packed[info.name]:
+                    raise wire.WireError("masked", info.name, f"{len(words[info.name])} bytes, expected {bits} bit "
+                                                              f"planes of {packed[info.name] // bits} bytes")
             path = self.upload_path(node, folder, "secagg")
-            write_safetensors(path, words, {"client_id": self.clients[node], "bits": str(bits)})
+            with SafetensorsWriter(path, declared) as writer:
+                for info in current:
+                    writer.add(info.name, torch.frombuffer(bytearray(words.pop(info.name)), dtype=torch.uint8))
+                writer.close(upload_metadata(node))
             uploads[j], claims[j], complaints[j] = path, claim, accused
 
         content = self.plan_content(t)
@@ -585,13 +591,21 @@ class Coordinator:
         cohort = {**self.cohort(), "allocation": claims[survivors[0]]["allocation"]}
         if any(claims[j]["allocation"] != cohort["allocation"] for j in survivors):
             raise FederationError(f"round {t}: the survivors claim different allocations")
-        from safetensors import safe_open
+        # each survivor's words of one layer at a time, read where the writer put them (pread, not
+        # a mapping of every upload: memory holds one layer of each survivor)
+        spans = {j: safetensors_layout(declared, upload_metadata(node_of[j]), uploads[j]) for j in survivors}
 
-        handles = {j: safe_open(str(uploads[j]), "np") for j in survivors}
+        def words_of(j: int, name: str) -> bytes:
+            head, layout = spans[j]
+            offset, nbytes = layout[name]
+            with open(uploads[j], "rb") as handle:
+                data = os.pread(handle.fileno(), nbytes, len(head) + offset)
+            if len(data) != nbytes:
+                raise FederationError(f"{uploads[j]}: {name}: {len(data)} of {nbytes} bytes (the file changed)")
+            return data
 
         def vote(info, layer) -> None:
-            masked = {j: unpack_words(h.get_tensor(info.name).tobytes(), numel[info.name], bits)
-                      for j, h in handles.items()}
+            masked = {j: unpack_words(words_of(j, info.name), numel[info.name], bits) for j in survivors}
             layer.add_counts(server.unmask(info.name, masked, info.shape, cohort))
 
         previous = self.previous(t)
