@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from fedlib.privacy.control import UnderstatedSensitivity
+from fedlib.privacy.control import NoNoise, UnderstatedSensitivity
 from fedlib.dp.gaussian import DPTarget
 from fedlib.privacy.stages.dp_release import attention_inputs, release_audit
 
@@ -32,6 +32,39 @@ def test_broken_mechanism_fails_the_audit_honest_one_passes(model, population, e
     assert broken["noise_std"] == pytest.approx(honest["noise_std"] / 10)
     # the audited pair moves the sum by at most the mechanism's L2 sensitivity sqrt(2) * clip
     assert 0 < honest["shift"] <= math.sqrt(2) * 1.0 + 1e-12
+
+
+def test_a_mechanism_whose_sampler_adds_no_noise_fails_the_audit(model, population):
+    """The audit draws its releases through the mechanism's own noise path: an honest guarantee
+    over a sampler that returns zeros is caught (every member scores the shift, every non-member
+    0: the bound reaches the game's ceiling), the same guarantee over the real sampler is not."""
+    target = DPTarget(1.0, 1e-5, 1.0)
+    silent = release_audit(model, population, target, blocks=1, noise=NoNoise(0))
+    assert silent["audit"]["epsilon_lb"] > 1.0 and silent["audit"]["epsilon_lb"] == pytest.approx(silent["ceiling"])
+    assert silent["audit"]["fp"] == 0 and silent["audit"]["fn"] == 0
+    honest = release_audit(model, population, target, blocks=1)
+    assert honest["audit"]["epsilon_lb"] <= 1.0
+
+
+def test_the_audited_release_is_the_pruners(model, population):
+    """The DP pruner's noisy sum is the clipped sum plus the seeded source's draw times the
+    guarantee's noise std, clamped at 0 (computed here by hand), and :func:`noisy_release`, which
+    the audit attacks, gives it draw for draw."""
+    from fedlib.dp.gaussian import clipped_sample_sum, dp_method, input_key, noisy_release
+    from fedlib.dp.samplers import NoiseSource
+    from fedlib.models import block_linears, decoder_blocks, prunable_layers
+
+    names = [info.name for info in prunable_layers(model) if info.block < 1]
+    name = next(n for n in names if n.endswith("self_attn.q_proj"))
+    pruner_class, guarantee = dp_method("wanda", DPTarget(1.0, 1e-5, 1.0), names, NoiseSource(7))
+    pruner = pruner_class(block_linears(decoder_blocks(model)[0])["self_attn.q_proj"], name)
+    inputs = attention_inputs(model, population[:6])
+    pruner.add_batch(inputs)
+    draw = NoiseSource(7).normal(tuple(pruner.sq_sum.shape), "dp-noise", input_key(name))
+    assert guarantee.noise_std > 0 and draw.abs().sum() > 0
+    assert torch.equal(pruner.noisy_sum(), (clipped_sample_sum(inputs, 1.0) + draw * guarantee.noise_std).clamp_min(0))
+    assert torch.equal(noisy_release(pruner.sq_sum, guarantee, NoiseSource(7), "dp-noise", input_key(name)),
+                       pruner.noisy_sum())
 
 
 def json_epsilon(result: dict) -> float:

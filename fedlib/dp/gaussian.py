@@ -224,6 +224,13 @@ def clipped_sample_sum(inp: torch.Tensor, clip: float) -> torch.Tensor:
     return (per_sample * scale).sum(dim=0)
 
 
+def noisy_release(statistic: torch.Tensor, guarantee: DPGuarantee, noise: NoiseSource, *names: object) -> torch.Tensor:
+    """The Gaussian release of a clipped statistic: Gaussian noise of the guarantee's std from
+    ``noise`` (for ``names``), negative values set to 0 (post-processing). What a DP client
+    releases and what the release audit (:mod:`fedlib.privacy.stages.dp_release`) attacks."""
+    return (statistic + noise.normal(tuple(statistic.shape), *names) * guarantee.noise_std).clamp_min(0.0)
+
+
 class DPWandaPruner(WandaPruner):
     """Wanda on clipped, noised statistics (module docstring). A subclass per client
     (:func:`dp_method`) carries the guarantee and the noise source; seeded noise depends on the
@@ -237,8 +244,7 @@ class DPWandaPruner(WandaPruner):
         self.n_tokens += inp.shape[0] * inp.shape[1]
 
     def noisy_sum(self) -> torch.Tensor:
-        noise = self.noise.normal(self.sq_sum.shape, "dp-noise", input_key(self.layer_name)) * self.guarantee.noise_std
-        return (self.sq_sum + noise).clamp_min(0.0)
+        return noisy_release(self.sq_sum, self.guarantee, self.noise, "dp-noise", input_key(self.layer_name))
 
     def scores(self) -> torch.Tensor:
         if self.n_tokens == 0:

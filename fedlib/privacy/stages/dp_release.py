@@ -3,12 +3,14 @@ the audit that its positive control (:mod:`fedlib.privacy.control`) must fail.
 
 The mechanism releases, per distinct linear input, the sum of the samples' clipped per-channel
 statistics plus Gaussian noise. Replacing one sample (target t for other o) moves the sum by
-Δ = clip(v_t) − clip(v_o) whatever the other samples are, so the auditor, who picks the worst
-pair it can find, sees N(Δ, s²I) or N(0, s²I), s the guarantee's noise std. Its score, the
-projection of the observed sum minus the other samples' (known) part on Δ/|Δ|, is the
-Neyman–Pearson statistic of this pair. Each trial is a fresh noise draw of the release, so the
-game can be large for the price of one forward pass: ``trials`` per world, the threshold chosen
-on half (among non-member quantiles), the ε lower bound on the other half
+Δ = clip(v_t) − clip(v_o) whatever the other samples are. The auditor picks the worst pair it
+can find and draws each trial's release through the mechanism's own code
+(:func:`fedlib.dp.gaussian.noisy_release`: its noise source, its noise std, its clamp), so a
+mechanism that adds less noise than its guarantee says, or none, is what the audit sees. Its
+score, the projection of the release minus v_o on Δ/|Δ|, is the Neyman–Pearson statistic of
+the pair before the clamp. Each trial is a fresh noise draw of the release, so the game can be
+large for the price of one forward pass: ``trials`` per world, the threshold chosen on half
+(among non-member quantiles), the ε lower bound on the other half
 (:func:`fedlib.privacy.membership.audit_epsilon`), beside its ceiling.
 
 Only the first decoder block's attention input is audited: its statistic comes from the dense
@@ -52,14 +54,21 @@ def attention_inputs(model, rows: torch.Tensor) -> torch.Tensor:
     return seen[0]
 
 
+#: trials drawn at once (a trial is one release of the audited statistic)
+CHUNK = 2048
+
+
 def release_audit(model, population: torch.Tensor, dp, trials: int = 20000, blocks: int | None = None,
-                  confidence: float = 0.95, seed: int = 0) -> dict:
+                  confidence: float = 0.95, seed: int = 0, noise=None) -> dict:
     """The white-box audit of the first block's attention-input release (module docstring) of the
     DP client ``dp`` (a :class:`fedlib.dp.gaussian.DPTarget`, or the broken control), accounted
-    over ``blocks`` (``None``: every block, the released mechanism's guarantee). The neighbours:
-    the two ``population`` rows whose clipped statistics are farthest apart."""
+    over ``blocks`` (``None``: every block, the released mechanism's guarantee), its noise from
+    ``noise`` (a :class:`fedlib.dp.samplers.NoiseSource`; default seeded by ``seed``, so the
+    audit repeats). The neighbours: the two ``population`` rows whose clipped statistics are
+    farthest apart."""
+    from fedlib.dp.gaussian import clipped_sample_sum, noisy_release
+    from fedlib.dp.samplers import NoiseSource, derive_seed
     from fedlib.models import prunable_layers
-    from fedlib.dp.gaussian import clipped_sample_sum
     from fedlib.privacy.membership import audit_ceilings, audit_epsilon, confusion_at_threshold, epsilon_lower_bound
 
     if trials < 4:
@@ -71,15 +80,24 @@ def release_audit(model, population: torch.Tensor, dp, trials: int = 20000, bloc
     distances = torch.cdist(vectors, vectors)
     t, o = divmod(int(torch.argmax(distances)), distances.shape[0])
     shift = float(distances[t, o])
-    rng = np.random.default_rng([seed, 0xA0D1])
-    # the projection of N(Δ or 0, s²I) on Δ/|Δ|: N(|Δ| or 0, s²); the first half of each world
-    # chooses the threshold, the second is audited with it
-    members = shift + guarantee.noise_std * rng.standard_normal(trials)
-    nonmembers = guarantee.noise_std * rng.standard_normal(trials)
+    direction = (vectors[t] - vectors[o]) / shift
+    noise = noise or NoiseSource(derive_seed(seed, "release-audit"))
+
+    def scores(world: str, statistic: torch.Tensor) -> np.ndarray:
+        out = []
+        for start in range(0, trials, CHUNK):
+            rows = min(CHUNK, trials - start)
+            released = noisy_release(statistic.expand(rows, -1), guarantee, noise, "release-audit", world, start)
+            out.append(((released - vectors[o]) @ direction).numpy())
+        return np.concatenate(out)
+
+    # the first half of each world chooses the threshold, the second is audited with it
+    members, nonmembers = scores("member", vectors[t]), scores("non-member", vectors[o])
     half = trials // 2
     best, threshold = -1.0, 0.0
     for fpr in THRESHOLD_FPRS:  # candidate thresholds: non-member quantiles, not every score (CP is costly)
-        candidate = float(np.quantile(nonmembers[:half], 1.0 - fpr))
+        # just above the quantile: non-members tied at it (a release without noise) stay out
+        candidate = float(np.nextafter(np.quantile(nonmembers[:half], 1.0 - fpr), np.inf))
         eps = epsilon_lower_bound(*confusion_at_threshold(members[:half], nonmembers[:half], candidate),
                                   confidence, guarantee.delta)
         if eps > best:
