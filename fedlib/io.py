@@ -115,6 +115,17 @@ def atomic_folder(out: Path, last: Sequence[str] = ("config.json",)):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def read_at(path: Path, offset: int, nbytes: int) -> bytearray:
+    """``nbytes`` bytes of ``path`` from ``offset`` into a writable buffer; fewer where the file
+    ends sooner (a file changed since its header was read: the caller names the error)."""
+    buffer = bytearray(nbytes)
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        got = handle.readinto(buffer)
+    del buffer[got:]
+    return buffer
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

@@ -53,7 +53,7 @@ import torch
 
 from fedlib import __version__
 from fedlib.groups import GROUPS, expected_pruned, group_sparsity, parse_nm, pruned_count
-from fedlib.io import SAFETENSORS_DTYPES, SafetensorsWriter, safetensors_layout, write_safetensors
+from fedlib.io import SAFETENSORS_DTYPES, SafetensorsWriter, read_at, safetensors_layout, write_safetensors
 from fedlib.methods import METHODS
 from fedlib.models import DTYPES, LayerInfo
 from fedlib.protocol import ROBUST_RULES, ROUNDINGS, SCHEDULES
@@ -958,12 +958,10 @@ class MaskFile:
         by its length here and by the checks on the values)."""
         dtype, shape, offset = self.header.tensors[key]
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        buffer = bytearray(nbytes)
-        with open(self.path, "rb") as handle:
-            handle.seek(offset)
-            got = handle.readinto(buffer)
-        if got != nbytes:
-            raise MaskFileError(self.path, key, f"{got} of its {nbytes} bytes: the file changed since its header was read")
+        buffer = read_at(self.path, offset, nbytes)
+        if len(buffer) != nbytes:
+            raise MaskFileError(self.path, key, f"{len(buffer)} of its {nbytes} bytes: the file changed since its "
+                                                "header was read")
         return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
 
     def layer_mask(self, name: str, device: torch.device | None = None) -> torch.Tensor:

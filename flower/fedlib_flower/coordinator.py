@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import resource
 import secrets
 import shutil
@@ -464,7 +463,7 @@ class Coordinator:
         group totals; sites the library catches are named in the round's record."""
         import torch
 
-        from fedlib.io import SafetensorsWriter, safetensors_layout
+        from fedlib.io import SafetensorsWriter, read_at, safetensors_layout
         from fedlib.server.secagg import (Advertisement, RoundContext, SecAggServer, default_threshold, plan_digest,
                                           unpack_words)
         from fedlib_flower.client_app import ADVERTISEMENT
@@ -544,15 +543,16 @@ class Coordinator:
             masked = reply.content["masked"] if "masked" in reply.content else {}
             if sorted(masked) != sorted(info.name for info in current):
                 raise wire.WireError("masked", "*", "expected one array per layer of the round")
-            words = {info.name: wire.raw_bytes("masked", info.name, masked[info.name]) for info in current}
-            for info in current:  # k-bit words checked by their length (no copy), then to disk a layer at a time
-                if len(words[info.name]) != packed[info.name]:
-                    raise wire.WireError("masked", info.name, f"{len(words[info.name])} bytes, expected {bits} bit "
-                                                              f"planes of {packed[info.name] // bits} bytes")
             path = self.upload_path(node, folder, "secagg")
+            # k-bit words checked by their length and spooled a layer at a time; a bad layer
+            # leaves nothing at ``path`` (the writer aborts)
             with SafetensorsWriter(path, declared) as writer:
                 for info in current:
-                    writer.add(info.name, torch.frombuffer(bytearray(words.pop(info.name)), dtype=torch.uint8))
+                    data = wire.raw_bytes("masked", info.name, masked[info.name])
+                    if len(data) != packed[info.name]:
+                        raise wire.WireError("masked", info.name, f"{len(data)} bytes, expected {bits} bit planes "
+                                                                  f"of {packed[info.name] // bits} bytes")
+                    writer.add(info.name, torch.frombuffer(bytearray(data), dtype=torch.uint8))
                 writer.close(upload_metadata(node))
             uploads[j], claims[j], complaints[j] = path, claim, accused
 
@@ -595,11 +595,10 @@ class Coordinator:
         # a mapping of every upload: memory holds one layer of each survivor)
         spans = {j: safetensors_layout(declared, upload_metadata(node_of[j]), uploads[j]) for j in survivors}
 
-        def words_of(j: int, name: str) -> bytes:
+        def words_of(j: int, name: str) -> bytearray:
             head, layout = spans[j]
             offset, nbytes = layout[name]
-            with open(uploads[j], "rb") as handle:
-                data = os.pread(handle.fileno(), nbytes, len(head) + offset)
+            data = read_at(uploads[j], len(head) + offset, nbytes)
             if len(data) != nbytes:
                 raise FederationError(f"{uploads[j]}: {name}: {len(data)} of {nbytes} bytes (the file changed)")
             return data
