@@ -19,12 +19,12 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from fedlib.io import SAFETENSORS_CODES
 
-from fedlib.io import SAFETENSORS_DTYPES
-
-TORCH_DTYPES = {code: dtype for dtype, code in SAFETENSORS_DTYPES.items()}
+if TYPE_CHECKING:  # torch is imported where a tensor is read: job sizing reads headers without it
+    import torch
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 #: bytes hashed per read when fingerprinting (bounded memory whatever the tensor size)
@@ -42,10 +42,20 @@ class CheckpointError(ValueError):
 @dataclass(frozen=True)
 class StoredTensor:
     file: Path
-    dtype: torch.dtype
+    code: str  # safetensors' dtype code
     shape: tuple[int, ...]
     start: int  # absolute byte offset in the file
     nbytes: int
+
+    @property
+    def itemsize(self) -> int:
+        return SAFETENSORS_CODES[self.code][1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, SAFETENSORS_CODES[self.code][0])
 
 
 def stored_tensors(path: Path) -> dict[str, StoredTensor]:
@@ -68,15 +78,16 @@ def stored_tensors(path: Path) -> dict[str, StoredTensor]:
         if name == "__metadata__":
             continue
         try:
-            dtype = TORCH_DTYPES[entry["dtype"]]
+            code = entry["dtype"]
+            itemsize = SAFETENSORS_CODES[code][1]  # an unknown code: malformed
             shape = tuple(int(x) for x in entry["shape"])
             begin, end = (int(x) for x in entry["data_offsets"])
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(path, f"tensor {name!r}: malformed entry ({err})") from None
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * itemsize
         if end - begin != nbytes or begin < 0 or base + end > size:
-            raise CheckpointError(path, f"tensor {name!r}: offsets {begin}..{end} do not hold {shape} {dtype}")
-        tensors[name] = StoredTensor(path, dtype, shape, base + begin, nbytes)
+            raise CheckpointError(path, f"tensor {name!r}: offsets {begin}..{end} do not hold {shape} {code}")
+        tensors[name] = StoredTensor(path, code, shape, base + begin, nbytes)
     return tensors
 
 
@@ -121,6 +132,8 @@ class Checkpoint:
             stored = self.tensors[name]
         except KeyError:
             raise CheckpointError(self.folder, f"no tensor {name!r}") from None
+        import torch
+
         buffer = torch.empty(stored.nbytes, dtype=torch.uint8, pin_memory=pinned)
         with open(stored.file, "rb", buffering=0) as handle:
             view = memoryview(buffer.numpy())

@@ -22,8 +22,10 @@ import socket
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 TEMP_SUFFIXES = (".tmp", ".spool")  # a file being written; a SafetensorsWriter's tensor data
 
@@ -131,10 +133,22 @@ def write_text_atomic(path: Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-SAFETENSORS_DTYPES = {
-    torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.int32: "I32",
-    torch.int64: "I64", torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
-}
+#: safetensors' dtype codes: (the torch dtype's name, bytes per element)
+SAFETENSORS_CODES = {"BOOL": ("bool", 1), "U8": ("uint8", 1), "I8": ("int8", 1), "I16": ("int16", 2),
+                     "I32": ("int32", 4), "I64": ("int64", 8), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+                     "F32": ("float32", 4), "F64": ("float64", 8)}
+
+
+def __getattr__(name: str):
+    """``SAFETENSORS_DTYPES`` (torch dtype -> code), built on first use: the workflow's Snakefile
+    imports this module (and reads checkpoint headers) without torch."""
+    if name != "SAFETENSORS_DTYPES":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import torch
+
+    codes = {getattr(torch, dtype): code for code, (dtype, _) in SAFETENSORS_CODES.items()}
+    globals()[name] = codes
+    return codes
 
 
 def safetensors_layout(tensors: Mapping[str, tuple[torch.dtype, tuple[int, ...]]], metadata: Mapping[str, str],
@@ -143,14 +157,15 @@ def safetensors_layout(tensors: Mapping[str, tuple[torch.dtype, tuple[int, ...]]
     section: tensors in name order, sorted JSON, data aligned to 8 bytes. Depends only on the
     content, never on the order tensors arrive in (safetensors' own writer emits
     ``__metadata__`` in a per-process hash order)."""
+    codes = __getattr__("SAFETENSORS_DTYPES")
     header: dict = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}} if metadata else {}
     spans, offset = {}, 0
     for name in sorted(tensors):
         dtype, shape = tensors[name]
-        if dtype not in SAFETENSORS_DTYPES:
+        if dtype not in codes:
             raise TypeError(f"{path}: tensor {name!r} has dtype {dtype}, which safetensors cannot store")
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape),
+        nbytes = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": codes[dtype], "shape": list(shape),
                         "data_offsets": [offset, offset + nbytes]}
         spans[name] = (offset, nbytes)
         offset += nbytes
@@ -161,6 +176,8 @@ def safetensors_layout(tensors: Mapping[str, tuple[torch.dtype, tuple[int, ...]]
 
 def _bytes_of(tensor: torch.Tensor):
     """A view of a host tensor's bytes (little-endian, as the format requires), not a copy."""
+    import torch
+
     return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data
 
 

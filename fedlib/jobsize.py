@@ -89,7 +89,7 @@ def model_size(folder: Path | str) -> ModelSize:
     stored = 0
     for name, tensor in checkpoint.tensors.items():
         numel = math.prod(tensor.shape)
-        stored = max(stored, tensor.dtype.itemsize)
+        stored = max(stored, tensor.itemsize)
         head, sep, rest = name.partition(".layers.")
         index = rest.split(".", 1)[0] if sep else ""
         if index.isdigit():

@@ -53,3 +53,7 @@ STRATEGY_OPTIONS: dict[str, tuple[Option, ...]] = {
         Option("rounding", "expansion target, Eq. 7 (ceil)", choices=ROUNDINGS, aggregation_only=True),
     ),
 }
+
+#: what each strategy's clients send (:attr:`fedlib.server.strategy.Strategy.send`), declared here so
+#: that the workflow picks the strategies its server rule runs (those of client mask files) without torch
+STRATEGY_SENDS: dict[str, str] = {"fedprllm": "mask", "fedspallm": "weights+mask"}

@@ -555,3 +555,18 @@ def test_domain_headroom_is_checked():
         DomainCatalog(Catalog(with_schema_defaults(config_with()))).headroom()
     configured = DomainCatalog(Catalog(with_schema_defaults(config_with(("domain.headroom", oracle)))))
     assert configured.headroom()["noise_seeds"] == [0]
+
+
+def test_domain_dp_file_patterns_are_the_files_the_federation_writes():
+    """The domain rule's outputs (spelled in the catalog, which the Snakefile reads without torch)
+    are the files fedlib.privacy.stages.dp_federation.mask_paths names, for every mechanism."""
+    from fedlib.catalog.domain import DomainCatalog
+    from fedlib.privacy.stages.dp_federation import mask_paths
+
+    domain = DomainCatalog(Catalog(with_schema_defaults(config_with())))
+    releases = domain.releases()
+    assert {spec["mechanism"] for spec in releases} == {"normalised", "distributed"}
+    folder = Path(f"{domain.base}/private/s0/sp0.5/dp")
+    expected = [str(p) for spec in releases for p in mask_paths(folder, spec, domain.d["clients"])]
+    got = [p.format(kind="private", dseed=0, dsp=0.5) for p in domain.dp_file_patterns()]
+    assert got == expected and len(got) == len(set(got))

@@ -5,6 +5,7 @@ nothing of fedlib (but the protocol's vocabulary) or torch."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,22 @@ def test_vocabulary_leaves_import_nothing_of_fedlib_or_torch(leaf):
             "print(*sorted(m for m in sys.modules if m.split('.')[0] in ('fedlib', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.split() == sorted({"fedlib", "fedlib.protocol", leaf})
+
+
+def test_the_workflow_definition_imports_no_torch_or_scipy():
+    """Snakemake reads the Snakefile on every start (a dry run, each test of the workflow, each
+    cluster job): the fedlib modules the .smk files import, the domain study's file names and the
+    job sizes of the .test model load no torch, scipy or transformers (2-4 s of CPU each)."""
+    smk = [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]
+    modules = sorted({m for path in smk for m in re.findall(r"^\s*from (fedlib[\w.]*) import", path.read_text(), re.M)})
+    assert {"fedlib.catalog", "fedlib.catalog.domain", "fedlib.jobsize", "fedlib.config_check"} <= set(modules)
+    code = ("import sys, yaml\n" + "".join(f"import {m}\n" for m in modules) +
+            "from fedlib.catalog import Catalog\nfrom fedlib.catalog.domain import DomainCatalog\n"
+            "from fedlib.config_check import with_schema_defaults\n"
+            "config = with_schema_defaults(yaml.safe_load(open('.test/config.yaml')))\n"
+            "DomainCatalog(Catalog(config)).dp_file_patterns()\n"
+            "fedlib.jobsize.host_mem_mb('.test/model', 'blocks', tokens=(96, 32))\n"
+            "print(*sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'scipy', 'transformers')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == []

@@ -4,7 +4,7 @@ checks these names, the servers write them."""
 from dataclasses import fields
 
 from fedlib import protocol
-from fedlib.strategy_options import STRATEGY_OPTIONS
+from fedlib.strategy_options import STRATEGY_OPTIONS, STRATEGY_SENDS
 from fedlib.methods import METHODS
 from fedlib.server import STRATEGIES
 from fedlib.server.fedprllm import SCHEDULES
@@ -27,8 +27,8 @@ def test_methods_are_the_registered_methods():
 def test_the_command_line_offers_each_strategy_with_its_own_settings():
     """The command line reads the strategies' settings from fedlib.strategy_options (no torch):
     each registered strategy's options are those, and each names a field of its class."""
-    assert STRATEGY_OPTIONS.keys() == STRATEGIES.keys()
+    assert STRATEGY_OPTIONS.keys() == STRATEGIES.keys() == STRATEGY_SENDS.keys()
     for name, cls in STRATEGIES.items():
-        assert cls.options is STRATEGY_OPTIONS[name]
+        assert cls.options is STRATEGY_OPTIONS[name] and cls.send == STRATEGY_SENDS[name]
         assert {option.field for option in cls.options} <= {f.name for f in fields(cls)}
     assert tuple(SCHEDULES) == protocol.FEDPRLLM_SCHEDULES

@@ -169,13 +169,17 @@ class DomainCatalog:
         return f"{self.setting(kind, float(sparsity), seed)}/dp"
 
     def dp_file_patterns(self) -> list[str]:
-        """Every mask a setting's dp-federation writes, with the rule's wildcards {kind}, {dseed}, {dsp}."""
-        from pathlib import Path
-
-        from fedlib.privacy.stages.dp_federation import mask_paths
-
-        folder = Path(f"{self.base}/{{kind}}/s{{dseed}}/sp{{dsp}}/dp")
-        return [str(p) for spec in self.releases() for p in mask_paths(folder, spec, self.d["clients"])]
+        """Every mask a setting's dp-federation writes, with the rule's wildcards {kind}, {dseed}, {dsp}:
+        the names of :func:`fedlib.privacy.stages.dp_federation.mask_paths` (a test checks that they
+        agree), spelled here because the Snakefile reads them and must not import torch."""
+        folder = f"{self.base}/{{kind}}/s{{dseed}}/sp{{dsp}}/dp"
+        out = []
+        for spec in self.releases():
+            if spec["mechanism"] == "distributed":
+                out.append(f"{folder}/{spec['label']}/secagg.mask.safetensors")
+            else:
+                out += [f"{folder}/{spec['label']}/client_{c}.mask.safetensors" for c in range(self.d["clients"])]
+        return out
 
     def dp_client_masks(self, kind: str, sparsity, seed, label: str) -> list[str]:
         return [f"{self.dp_dir(kind, sparsity, seed)}/{label}/client_{c}.mask.safetensors"

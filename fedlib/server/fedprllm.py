@@ -32,7 +32,7 @@ from fedlib.maskfile import MaskFile, MaskFileError, MaskWriter
 from fedlib.models import LayerInfo
 from fedlib.protocol import FEDPRLLM_SCHEDULES
 from fedlib.server.robust import ConsensusDistance, client_report, screening_rule
-from fedlib.strategy_options import STRATEGY_OPTIONS
+from fedlib.strategy_options import STRATEGY_OPTIONS, STRATEGY_SENDS
 from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 
 #: schedule -> the ``method`` prefix of its global files
@@ -138,7 +138,7 @@ class FedPrLLM(Strategy):
     robust: str | None = None
 
     name = "fedprllm"
-    send = "mask"
+    send = STRATEGY_SENDS["fedprllm"]
     cohort_fields = ("method", "group", "sparsity", "allocation")
     schedules = tuple(SCHEDULES.values())
     options = STRATEGY_OPTIONS["fedprllm"]

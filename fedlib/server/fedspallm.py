@@ -72,7 +72,7 @@ from fedlib.maskfile import MaskFileError
 from fedlib.models import LayerInfo
 from fedlib.protocol import ROUNDINGS, SAMPLERS
 from fedlib.server.robust import ConsensusDistance, client_report, screening_rule
-from fedlib.strategy_options import STRATEGY_OPTIONS
+from fedlib.strategy_options import STRATEGY_OPTIONS, STRATEGY_SENDS
 from fedlib.server.strategy import LayerAggregator, LayerResult, RoundPlan, Strategy
 from fedlib.weightfile import WEIGHT_DTYPES, open_weight_file, write_weight_file
 
@@ -280,7 +280,7 @@ class FedSpaLLM(Strategy):
     weight_dtype: str = "float32"
 
     name = "fedspallm"
-    send = "weights+mask"
+    send = STRATEGY_SENDS["fedspallm"]
     cohort_fields = ("method", "group", "sparsity")
     schedules = ("fedspallm",)
     options = STRATEGY_OPTIONS["fedspallm"]

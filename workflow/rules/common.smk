@@ -27,7 +27,7 @@ from fedlib.catalog import (
 from fedlib.config_check import SCHEMA, materialized_dir, validate_config
 from fedlib.mirror import resolve_data_dir
 from fedlib.privacy_analyses import TARGETS as PRIVACY_TARGETS
-from fedlib.server import STRATEGIES
+from fedlib.strategy_options import STRATEGY_SENDS
 
 validate(config, str(SCHEMA))  # the schema ships in the package (fedlib/schemas)
 validate_config(config, Path.cwd())  # what the schema cannot express: values against each other, files, the model
@@ -51,7 +51,7 @@ EVAL = config["evaluation"]
 #   split  iid-{clients} or dir{alpha}-{clients}         e.g. iid-16, dir5-12
 #   prune  {method}-{sparsity}-{local group}              e.g. wanda-0.5-row, wanda-0.5-2of4
 # {strategy} of the server job (aggregate): the registered strategies that aggregate client mask files
-MASK_STRATEGY_PATTERN = "|".join(name for name, strategy in STRATEGIES.items() if strategy.send == "mask")
+MASK_STRATEGY_PATTERN = "|".join(name for name, send in STRATEGY_SENDS.items() if send == "mask")
 
 
 wildcard_constraints:

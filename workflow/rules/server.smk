@@ -1,5 +1,5 @@
 rule aggregate:
-    """The server of a strategy that aggregates client mask files (fedlib.server.STRATEGIES), one
+    """The server of a strategy that aggregates client mask files (fedlib.strategy_options.STRATEGY_SENDS), one
     round over every block: FedPrLLM votes over all client masks, top-k per comparison group.
     The output keeps the vote counts, so scaled and unscaled variants share it; the outlier
     report beside it gives each client's distance to the consensus (fedlib.server.robust)."""
