@@ -5,6 +5,7 @@ text independently, sensitivities by brute force, epsilons against the exact Gau
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,10 @@ from fedlib.dp.ledger import Ledger
 from fedlib.dp.public import Deviations, NormalisedTarget, PublicPrior, View, clip_rows
 from fedlib.dp.unit import CLIENT, ProtectedUnit, unit_of_tokens
 
+#: the workflow test's slice of the mirror (.test/data): its PTB train text holds about 6,000 tokens,
+#: room for the span test's 40 windows on a grid of 96, and tokenizes in a fraction of a second
+SLICE = Path(__file__).resolve().parents[1] / ".test" / "data"
+
 NAMES = [f"model.layers.{b}.{m}" for b in range(2) for m in ("self_attn.q_proj", "mlp.down_proj")]
 
 
@@ -27,12 +32,13 @@ def _starts(text_ids: np.ndarray, window: np.ndarray) -> list[int]:
     return [int(s) for s in candidates if np.array_equal(text_ids[s:s + window.size], window)]
 
 
-def test_span_windows_share_no_token_and_k_bounds_each_span(data_dir, smollm_tokenizer):
+def test_span_windows_share_no_token_and_k_bounds_each_span(smollm_tokenizer):
     seqlen, k = 64, 3
-    windows, units = unit_windows(smollm_tokenizer, "ptb", data_dir, 40, seqlen, 0, "span", k)
-    again, _ = unit_windows(smollm_tokenizer, "ptb", data_dir, 40, seqlen, 0, "span", k)
+    windows, units = unit_windows(smollm_tokenizer, "ptb", SLICE, 40, seqlen, 0, "span", k)
+    again, _ = unit_windows(smollm_tokenizer, "ptb", SLICE, 40, seqlen, 0, "span", k)
     assert torch.equal(windows, again) and windows.shape == (40, seqlen)
-    text = smollm_tokenizer(" ".join(ptb_rows(data_dir, "train")), return_tensors="pt").input_ids[0].numpy()
+    text = smollm_tokenizer(" ".join(ptb_rows(SLICE, "train")), return_tensors="pt").input_ids[0].numpy()
+    assert text.size // seqlen > 40  # more grid windows than drawn: the draw is a choice
     covered = np.zeros(text.size, dtype=np.int64)
     for window, unit in zip(windows.numpy(), units):
         starts = [s for s in _starts(text, window) if s % seqlen == 0]  # the disjoint grid's
