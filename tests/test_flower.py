@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from uuid import uuid4
@@ -485,6 +486,43 @@ def test_an_upload_under_another_client_id_is_refused(sites, tmp_path):
     (refusal,) = state["refused"]
     assert refusal["client_id"] == "hospital-c" and refusal["field"] == "client_id"
     assert state["rounds"][0]["clients"] == ["hospital-a", "hospital-b"]
+
+
+class BusySuperLink(LocalGrid):
+    """A SuperLink whose pulls fail with HTTP ``status`` (as Flower's HTTP grid raises it) the first
+    ``failures`` times each message is pulled, delivering nothing then."""
+
+    def __init__(self, sites, status: int, failures: int):
+        super().__init__(sites)
+        self.status, self.failures, self.refused = status, failures, Counter()
+
+    def pull_messages(self, message_ids):
+        import httpx
+
+        for message_id in message_ids:
+            if message_id in self.inbox and self.refused[message_id] < self.failures:
+                self.refused[message_id] += 1
+                request = httpx.Request("POST", "http://127.0.0.1/v1/runtime/pull-messages")
+                response = httpx.Response(self.status, request=request)
+                raise httpx.HTTPStatusError(f"{self.status} for pull-messages", request=request, response=response)
+        return super().pull_messages(message_ids)
+
+
+def test_a_pull_the_superlink_fails_with_a_server_error_is_tried_again(sites, tmp_path, monkeypatch):
+    """Each reply's first two pulls answered 500 (the SuperLink's database busy): the round takes
+    every reply and gives the undisturbed federation's global file; a 403 still ends the run."""
+    from fedlib_flower import coordinator
+
+    monkeypatch.setattr(coordinator, "POLL_SECONDS", 0.001)
+    federate(LocalGrid(sites), tmp_path / "calm")
+    busy = BusySuperLink(sites, 500, failures=2)
+    state = federate(busy, tmp_path / "busy")
+    assert state["status"] == "completed" and state["rounds"][0]["absent"] == []
+    assert set(busy.refused.values()) == {2} and len(busy.refused) >= 4  # hello and uploads of 3 sites
+    assert (tmp_path / "busy" / "global.mask.safetensors").read_bytes() == \
+        (tmp_path / "calm" / "global.mask.safetensors").read_bytes()
+    with pytest.raises(Exception, match="403"):
+        federate(BusySuperLink(sites, 403, failures=1), tmp_path / "refused")
 
 
 def test_one_shot_closes_at_the_deadline_with_the_sites_that_answered(sites, tmp_path):

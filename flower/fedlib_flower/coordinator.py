@@ -48,6 +48,10 @@ SMALL_REPLY = 1 << 20
 #: Flower keeps an unanswered message this much longer than the round's deadline
 TTL_MARGIN = 60.0
 POLL_SECONDS = 0.2
+#: a pull the SuperLink fails with a server error (HTTP 5xx: its state database was busy while
+#: a large upload was written, seen with 16 secure aggregation sites on 2 cores) is tried again
+#: this many times, waiting POLL_SECONDS, then twice as long each time
+PULL_RETRIES = 5
 
 
 class FederationError(RuntimeError):
@@ -125,7 +129,7 @@ class Coordinator:
             if time.monotonic() > deadline:
                 break
             for message_id in list(pending):  # one reply in memory at a time
-                for reply in self.grid.pull_messages([message_id]):
+                for reply in self.pull(message_id):
                     node = pending.pop(reply.metadata.reply_to_message_id, None)
                     if node is not None:
                         self.take(node, reply, on_reply, result, limit, metrics)
@@ -136,6 +140,23 @@ class Coordinator:
             self.log(f"{self.clients.get(node, node)}: not asked before the round's deadline")
         result.peak_rss_mib = peak_rss_mib()
         return result
+
+    def pull(self, message_id: str) -> list[Message]:
+        """The reply to ``message_id`` if it has come (:data:`PULL_RETRIES`). A pull that failed
+        with a server error delivered nothing, so asking again loses no reply; any other error
+        (a refused request, the SuperLink gone) ends the run as before."""
+        attempt = 0
+        while True:
+            try:
+                return list(self.grid.pull_messages([message_id]))
+            except Exception as err:  # Flower's HTTP grid raises httpx.HTTPStatusError
+                status = getattr(getattr(err, "response", None), "status_code", None)
+                if not isinstance(status, int) or not 500 <= status < 600 or attempt == PULL_RETRIES:
+                    raise
+                wait = POLL_SECONDS * 2 ** attempt
+                self.log(f"pulling a reply: the SuperLink answered {status} ({err}); again in {wait:.1f} s")
+                time.sleep(wait)
+                attempt += 1
 
     def take(self, node: int, reply: Message, on_reply: Callable[[int, Message], None], result: Exchange,
              limit: int, metrics: bool) -> None:
