@@ -142,9 +142,11 @@ class Coordinator:
         return result
 
     def pull(self, message_id: str) -> list[Message]:
-        """The reply to ``message_id`` if it has come (:data:`PULL_RETRIES`). A pull that failed
-        with a server error delivered nothing, so asking again loses no reply; any other error
-        (a refused request, the SuperLink gone) ends the run as before."""
+        """The reply to ``message_id`` if it has come. A pull the SuperLink failed with a server
+        error is asked again (:data:`PULL_RETRIES`): in the failure seen, its database busy, the
+        failed transaction delivered nothing; were a reply lost all the same, its site would count
+        as not answering by the round's deadline, like any silent site. Any other error (a refused
+        request, the SuperLink gone) ends the run as before."""
         attempt = 0
         while True:
             try:
