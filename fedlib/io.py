@@ -137,18 +137,13 @@ def write_text_atomic(path: Path, text: str) -> None:
 SAFETENSORS_CODES = {"BOOL": ("bool", 1), "U8": ("uint8", 1), "I8": ("int8", 1), "I16": ("int16", 2),
                      "I32": ("int32", 4), "I64": ("int64", 8), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
                      "F32": ("float32", 4), "F64": ("float64", 8)}
+_CODE_OF = {name: code for code, (name, _) in SAFETENSORS_CODES.items()}  # torch dtype name -> code
 
 
-def __getattr__(name: str):
-    """``SAFETENSORS_DTYPES`` (torch dtype -> code), built on first use: the workflow's Snakefile
-    imports this module (and reads checkpoint headers) without torch."""
-    if name != "SAFETENSORS_DTYPES":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import torch
-
-    codes = {getattr(torch, dtype): code for code, (dtype, _) in SAFETENSORS_CODES.items()}
-    globals()[name] = codes
-    return codes
+def safetensors_code(dtype: torch.dtype) -> str | None:
+    """The format's code of a torch dtype, None for one it cannot store (no torch import: the
+    workflow's Snakefile imports this module)."""
+    return _CODE_OF.get(str(dtype).removeprefix("torch."))
 
 
 def safetensors_layout(tensors: Mapping[str, tuple[torch.dtype, tuple[int, ...]]], metadata: Mapping[str, str],
@@ -157,15 +152,15 @@ def safetensors_layout(tensors: Mapping[str, tuple[torch.dtype, tuple[int, ...]]
     section: tensors in name order, sorted JSON, data aligned to 8 bytes. Depends only on the
     content, never on the order tensors arrive in (safetensors' own writer emits
     ``__metadata__`` in a per-process hash order)."""
-    codes = __getattr__("SAFETENSORS_DTYPES")
     header: dict = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}} if metadata else {}
     spans, offset = {}, 0
     for name in sorted(tensors):
         dtype, shape = tensors[name]
-        if dtype not in codes:
+        code = safetensors_code(dtype)
+        if code is None:
             raise TypeError(f"{path}: tensor {name!r} has dtype {dtype}, which safetensors cannot store")
         nbytes = math.prod(shape) * dtype.itemsize
-        header[name] = {"dtype": codes[dtype], "shape": list(shape),
+        header[name] = {"dtype": code, "shape": list(shape),
                         "data_offsets": [offset, offset + nbytes]}
         spans[name] = (offset, nbytes)
         offset += nbytes

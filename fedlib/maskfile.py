@@ -53,7 +53,7 @@ import torch
 
 from fedlib import __version__
 from fedlib.groups import GROUPS, expected_pruned, group_sparsity, parse_nm, pruned_count
-from fedlib.io import SAFETENSORS_DTYPES, SafetensorsWriter, read_at, safetensors_layout, write_safetensors
+from fedlib.io import SafetensorsWriter, read_at, safetensors_code, safetensors_layout, write_safetensors
 from fedlib.methods import METHODS
 from fedlib.models import DTYPES, LayerInfo
 from fedlib.protocol import ROBUST_RULES, ROUNDINGS, SCHEDULES
@@ -800,7 +800,7 @@ def _check_tensors(header: MaskHeader, entries: dict, meta: dict, head: bytes, s
         if entry is None:
             raise MaskFileError(path, name, "tensor missing")
         offset, nbytes = spans[name]
-        wanted = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        wanted = {"dtype": safetensors_code(dtype), "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         if entry != wanted:
             raise MaskFileError(path, name, f"expected {_show(wanted, 120)}, got {_show(entry, 120)}")
     if head != canonical:

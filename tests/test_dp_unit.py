@@ -5,12 +5,12 @@ text independently, sensitivities by brute force, epsilons against the exact Gau
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import REPO
 from fedlib.data import c4_documents, ptb_rows, unit_partition, unit_windows, wikitext2_articles
 from fedlib.dp.accountant import composed_epsilon, rdp_epsilon, trust_model
 from fedlib.dp.distributed import DistributedTarget
@@ -21,7 +21,7 @@ from fedlib.dp.unit import CLIENT, ProtectedUnit, unit_of_tokens
 
 #: the workflow test's slice of the mirror (.test/data): its PTB train text holds about 6,000 tokens,
 #: room for the span test's 40 windows on a grid of 96, and tokenizes in a fraction of a second
-SLICE = Path(__file__).resolve().parents[1] / ".test" / "data"
+SLICE = REPO / ".test" / "data"
 
 NAMES = [f"model.layers.{b}.{m}" for b in range(2) for m in ("self_attn.q_proj", "mlp.down_proj")]
 

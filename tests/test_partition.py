@@ -1,11 +1,10 @@
 """Non-IID Dirichlet split of a labelled mixture pool, and the pool itself."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
+from conftest import REPO
 from fedlib.data import DataError, calibration_split, dirichlet_partition, mixture_pool
 
 PAPER_LABELS = [0] * 8 + [1] * 8 + [2] * 8  # FedPrLLM Sec. 4.3: 8 each of WikiText-2, C4, PTB
@@ -58,7 +57,7 @@ def test_min_per_client_and_empty_clients():
 
 def test_mixture_pool(smollm_tokenizer):
     # the workflow test's slice of the mirror: the same files, tokenized in a fraction of a second
-    data_dir = Path(__file__).resolve().parents[1] / ".test" / "data"
+    data_dir = REPO / ".test" / "data"
     ids, labels = mixture_pool(smollm_tokenizer, data_dir, 2, 32, seed=0, c4_docs=(0, 50))
     assert ids.shape == (6, 32) and ids.dtype == torch.int32 and labels == [0, 0, 1, 1, 2, 2]
     # each block of rows is exactly calibration_windows of that dataset (seeded there)

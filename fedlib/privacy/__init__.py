@@ -16,55 +16,35 @@ Mask convention everywhere: bool tensors, True = pruned.
 
 # Each name is imported from its module on first use (PEP 562): the workflow's Snakefile imports
 # fedlib.privacy.stages, and this facade must not cost it scipy and torch.
-_EXPORTS = {
-    "debias_counts": "fedlib.privacy.defence",
-    "mask_epsilon_composed": "fedlib.privacy.defence",
-    "randomized_response": "fedlib.privacy.defence",
-    "randomized_response_masks": "fedlib.privacy.defence",
-    "rr_bit_llr": "fedlib.privacy.defence",
-    "rr_epsilon": "fedlib.privacy.defence",
-    "rr_flip_probability": "fedlib.privacy.defence",
-    "rr_keep_probability": "fedlib.privacy.defence",
-    "bernoulli_entropy_bits": "fedlib.privacy.entropy",
-    "binary_entropy_bits": "fedlib.privacy.entropy",
-    "entropy_comparison": "fedlib.privacy.entropy",
-    "fp16_entropy_bits": "fedlib.privacy.entropy",
-    "histogram_entropy_bits": "fedlib.privacy.entropy",
-    "layer_entropies": "fedlib.privacy.entropy",
-    "mask_ensemble_entropy_bits": "fedlib.privacy.entropy",
-    "model_entropy_bits": "fedlib.privacy.entropy",
-    "weighted_mean": "fedlib.privacy.entropy",
-    "InversionResult": "fedlib.privacy.inversion",
-    "bag_overlap": "fedlib.privacy.inversion",
-    "block0_mean_sq": "fedlib.privacy.inversion",
-    "invert_block0_masks": "fedlib.privacy.inversion",
-    "position_match": "fedlib.privacy.inversion",
-    "token_sq_activations": "fedlib.privacy.inversion",
-    "wanda_block0_masks": "fedlib.privacy.inversion",
-    "TprAtFpr": "fedlib.privacy.membership",
-    "auc_ci": "fedlib.privacy.membership",
-    "audit_ceilings": "fedlib.privacy.membership",
-    "audit_epsilon": "fedlib.privacy.membership",
-    "bootstrap_auc_ci": "fedlib.privacy.membership",
-    "clopper_pearson": "fedlib.stats",
-    "confusion_at_threshold": "fedlib.privacy.membership",
-    "direction_statistic": "fedlib.privacy.membership",
-    "epsilon_ceiling": "fedlib.privacy.membership",
-    "epsilon_lower_bound": "fedlib.privacy.membership",
-    "lira_scores": "fedlib.privacy.membership",
-    "roc_auc": "fedlib.privacy.membership",
-    "roc_curve": "fedlib.privacy.membership",
-    "separated_auc_bound": "fedlib.privacy.membership",
-    "signal_strength": "fedlib.privacy.membership",
-    "target_direction": "fedlib.privacy.membership",
-    "tpr_at_fpr": "fedlib.privacy.membership",
-    "hamming_count": "fedlib.privacy.similarity",
-    "hamming_fraction": "fedlib.privacy.similarity",
-    "hamming_per_layer": "fedlib.privacy.similarity",
-    "hamming_total": "fedlib.privacy.similarity",
-    "mean_pairwise_hamming": "fedlib.privacy.similarity",
-    "pairwise_hamming": "fedlib.privacy.similarity",
+_MODULES = {
+    "fedlib.privacy.defence": (
+        "debias_counts", "mask_epsilon_composed", "randomized_response", "randomized_response_masks",
+        "rr_bit_llr", "rr_epsilon", "rr_flip_probability", "rr_keep_probability",
+    ),
+    "fedlib.privacy.entropy": (
+        "bernoulli_entropy_bits", "binary_entropy_bits", "entropy_comparison", "fp16_entropy_bits",
+        "histogram_entropy_bits", "layer_entropies", "mask_ensemble_entropy_bits", "model_entropy_bits",
+        "weighted_mean",
+    ),
+    "fedlib.privacy.inversion": (
+        "InversionResult", "bag_overlap", "block0_mean_sq", "invert_block0_masks", "position_match",
+        "token_sq_activations", "wanda_block0_masks",
+    ),
+    "fedlib.privacy.membership": (
+        "TprAtFpr", "auc_ci", "audit_ceilings", "audit_epsilon", "bootstrap_auc_ci",
+        "confusion_at_threshold", "direction_statistic", "epsilon_ceiling", "epsilon_lower_bound",
+        "lira_scores", "roc_auc", "roc_curve", "separated_auc_bound", "signal_strength", "target_direction",
+        "tpr_at_fpr",
+    ),
+    "fedlib.stats": (
+        "clopper_pearson",
+    ),
+    "fedlib.privacy.similarity": (
+        "hamming_count", "hamming_fraction", "hamming_per_layer", "hamming_total", "mean_pairwise_hamming",
+        "pairwise_hamming",
+    ),
 }
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = list(_EXPORTS)
 
