@@ -24,6 +24,7 @@ from fedlib.cli_args import (
     add_placement_arguments,
     add_previous_global_argument,
     add_threads_argument,
+    client_id_argument,
     comparison_group,
     dp_target_from_args,
     input_file,
@@ -534,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calib", nargs="+", type=input_file, help="token file(s) of this client's calibration samples "
                    "(several: their union, e.g. public + private text); needed by every method but magnitude")
     add_pruning_arguments(p, method="wanda", local_group="row")
-    p.add_argument("--client-id", default="0", help="this client's name in its mask file")
+    p.add_argument("--client-id", default="0", type=client_id_argument, help="this client's name in its mask file")
     p.add_argument("--round", type=int,
                    help="iterative FedPrLLM: mask only this block, its input through the global masks of the "
                         "blocks before it (--previous-global); default: every block (one-shot)")
@@ -556,7 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_previous_global_argument(p, "the server's current global weight file (none in round 0)", "--global-weights")
     p.add_argument("--round", type=int, default=0, help="the round this upload belongs to")
     add_pruning_arguments(p, method="sparsegpt_update", local_group="layer")
-    p.add_argument("--client-id", default="0", help="this client's name in its weight file")
+    p.add_argument("--client-id", default="0", type=client_id_argument,
+                   help="this client's name in its weight file")
     p.add_argument("--weight-dtype", default="float16", choices=["float16", "float32"], help="dtype of the uploaded weights")
     p.add_argument("--out", required=True, help="the weight file to write (what the site sends)")
 

@@ -14,7 +14,7 @@ import copy
 import sys
 from pathlib import Path
 
-from fedlib.protocol import GROUPS, METHODS
+from fedlib.protocol import GROUPS, METHODS, client_id
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -102,6 +102,15 @@ def input_file(value: str) -> str:
     if not Path(value).is_file():
         raise argparse.ArgumentTypeError(f"no such file: {value}")
     return value
+
+
+def client_id_argument(value: str) -> str:
+    """``--client-id``: the id a mask or weight file carries, checked by the readers' rule
+    (:func:`fedlib.protocol.client_id`) before anything is computed."""
+    try:
+        return client_id(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_group_argument(parser, role: str, default: str, *old: str) -> argparse.Action:

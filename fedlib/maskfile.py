@@ -56,7 +56,9 @@ from fedlib.groups import GROUPS, expected_pruned, group_sparsity, parse_nm, pru
 from fedlib.io import SafetensorsWriter, read_at, safetensors_code, safetensors_layout, write_safetensors
 from fedlib.methods import METHODS
 from fedlib.models import DTYPES, LayerInfo
-from fedlib.protocol import ROBUST_RULES, ROUNDINGS, SCHEDULES
+from fedlib.protocol import CLIENT_ID, ROBUST_RULES, ROUNDINGS, SCHEDULES
+from fedlib.protocol import client_id as check_client_id  # the writer's parameter is named client_id
+from fedlib.protocol import show_value as _show
 
 FORMAT = "fedlib-mask"
 FORMAT_VERSION = 1
@@ -232,7 +234,7 @@ class MaskWriter:
             "format_version": str(format_version),
             "model_fingerprint": fingerprint,
             "role": role,
-            "client_id": str(client_id),
+            "client_id": check_client_id(str(client_id)),
             "method": method,
             "group": group,
             "sparsity": repr(float(sparsity)),
@@ -327,11 +329,6 @@ def write_without_votes(src: Path, dst: Path) -> None:
     write_safetensors(dst, tensors, metadata)
 
 
-def _show(value, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
 def _unique_keys(pairs: list) -> dict:
     keys = [key for key, _ in pairs]
     if len(set(keys)) != len(keys):
@@ -390,19 +387,6 @@ def _epsilon(text: str) -> float:
 def _text(text: str, limit: int = 256) -> str:
     if not 0 < len(text) <= limit or not text.isprintable() or text != text.strip():
         raise ValueError(f"expected 1 to {limit} printable characters, no surrounding space, got {_show(text)}")
-    return text
-
-
-#: a client id: it names files (``<client id>.mask.safetensors``) on the server and the coordinator,
-#: so letters, digits and ``._-`` only, not starting with a separator (no path, no hidden file)
-CLIENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def client_id(text: str) -> str:
-    """``text`` if it is a client id (:data:`CLIENT_ID`), else ValueError saying what is expected."""
-    if not isinstance(text, str) or not CLIENT_ID.fullmatch(text):
-        raise ValueError(f"expected a client id: 1 to 128 of A-Z a-z 0-9 . _ -, starting with a letter or digit, "
-                         f"got {_show(text)}")
     return text
 
 
@@ -571,7 +555,7 @@ def _dp_guarantee(value):
 METADATA_FIELDS = ("format", "format_version", "model_fingerprint", "role", "client_id", "method", "group",
                    "sparsity", "allocation", "n_samples", "seed", "n_clients", "fedlib_version", "layers")
 _PARSE = {
-    "model_fingerprint": _text, "role": _one_of("client", "global"), "client_id": client_id, "method": _text,
+    "model_fingerprint": _text, "role": _one_of("client", "global"), "client_id": check_client_id, "method": _text,
     "group": _group, "sparsity": _float, "allocation": _one_of("uniform", "nonuniform"), "n_samples": _count,
     "seed": _count, "n_clients": _count, "fedlib_version": _version, "layers": _layers,
     "reference": _one_of("magnitude"), "reference_sha256": _sha256,

@@ -183,6 +183,15 @@ def test_missing_inputs_fail_before_any_model_loads(tmp_path, capsys):
     assert f"argument --calib: no such file: {tmp_path / 'c.safetensors'}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("verb", ["client-mask", "client-weights"])
+def test_a_client_id_the_readers_would_refuse_fails_before_any_model_loads(verb, tmp_path, capsys):
+    """An id with a space or a path would be computed for minutes and then refused by every reader."""
+    with pytest.raises(SystemExit) as exited:
+        main([verb, "--model", str(tmp_path / "no-model"), "--client-id", "wanda 2x2048", "--out", "o"])
+    assert exited.value.code == 2
+    assert "argument --client-id: expected a client id: 1 to 128 of A-Z a-z 0-9 . _ -" in capsys.readouterr().err
+
+
 def test_every_error_is_one_line_and_debug_shows_the_traceback(tmp_path, monkeypatch, capsys):
     from fedlib import cli
 

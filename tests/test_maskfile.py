@@ -83,13 +83,17 @@ def test_rejects_mask_for_another_model(model, tmp_path):
 
 @pytest.mark.parametrize("client_id", ["/x/y", "../global", ".hidden", "a/b", "a b", "-x", "x" * 129, "é"])
 def test_refuses_a_client_id_that_is_not_a_plain_name(model, tmp_path, client_id):
-    """The id names the file a server writes (``<id>.mask.safetensors``): a path is refused."""
-    path = tmp_path / "c.mask.safetensors"
-    _client_file(model, path, client_id=client_id)
+    """The id names the file a server writes (``<id>.mask.safetensors``): a path is refused by the
+    reader (a hostile site writes its own header) and by fedlib's writer (a site learns before it sends)."""
+    good, path = tmp_path / "good.mask.safetensors", tmp_path / "c.mask.safetensors"
+    _client_file(model, good, client_id="site-01.a_b")
+    assert read_header(good, fingerprint(model), prunable_layers(model)).client_id == "site-01.a_b"
+    _rewrite(good, path, {"client_id": client_id})
     with pytest.raises(MaskFileError, match="client_id.*expected a client id"):
         read_header(path, fingerprint(model), prunable_layers(model))
-    _client_file(model, path, client_id="site-01.a_b")
-    assert read_header(path, fingerprint(model), prunable_layers(model)).client_id == "site-01.a_b"
+    with pytest.raises(ValueError, match="expected a client id"):
+        _client_file(model, tmp_path / "refused.mask.safetensors", client_id=client_id)
+    assert not (tmp_path / "refused.mask.safetensors").exists()
 
 
 def test_rejects_wrong_shapes(model, tmp_path):

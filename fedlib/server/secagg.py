@@ -108,7 +108,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedlib.groups import GROUPS, parse_nm, pruned_count
-from fedlib.maskfile import CLIENT_ID
+from fedlib.protocol import CLIENT_ID
 
 
 #: the Shamir field: the Mersenne prime 2^521 - 1 holds any 32-byte secret

@@ -7,7 +7,7 @@ as 64 hex digits (its 32 raw bytes) or as a PEM ``PUBLIC KEY`` block::
 
 The coordinator's roster (run config ``roster``) assigns each node its client id from the key
 the node proves it holds in ``hello``; a site's roster (node config ``roster``) names its peers
-in the same format. Ids are :data:`fedlib.maskfile.CLIENT_ID` names, two ids never share a key.
+in the same format. Ids are :data:`fedlib.protocol.CLIENT_ID` names, two ids never share a key.
 A site's signing key (node config ``signing-key``) is an unencrypted PKCS#8 PEM Ed25519
 private key (``openssl genpkey -algorithm ed25519``).
 """
@@ -21,7 +21,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fedlib.maskfile import client_id
+from fedlib.protocol import client_id
 
 #: raw Ed25519 public keys are 32 bytes
 KEY_BYTES = 32
