@@ -115,6 +115,22 @@ def interleaved(sides: TwoSides, run, repeats: int, device: torch.device) -> dic
     return seconds
 
 
+def profile_sides(sides: TwoSides, run, rows: int = 12) -> dict[str, str]:
+    """torch.profiler's table of one ``run()`` on each side (the operators and kernels that take the
+    device's time, most first): where a slower side loses it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tables = {}
+    for name in ["dense", "sparse"] if sides.supported else ["dense"]:
+        sides.use(name)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        tables[name] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+    sides.use("dense")
+    return tables
+
+
 def rate_row(seconds: dict[str, list[float]], work: int, unit: str) -> dict:
     """Medians, ``work``/s of each side, and the speedup only where both sides ran."""
     row = {f"{name}_seconds": [round(s, 6) for s in values] for name, values in seconds.items()}
@@ -158,6 +174,80 @@ def mlp_prefill(model: nn.Module, args, device: torch.device) -> tuple[dict, Two
     return row, sides
 
 
+def _searched(weight: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor | None, object]:
+    """``weight`` through cuSPARSELt with the algorithm its own search picks for ``x @ weight.T`` (its
+    default is algorithm 0), and the search's answer; (None, why) where it fails."""
+    try:
+        tuned, why = semi_structured(weight)
+        if tuned is None:
+            return None, why
+        found = torch._cslt_sparse_mm_search(tuned.packed, x.t().contiguous())
+        tuned.alg_id_cusparselt = int(found if isinstance(found, int) else found[0])
+        return tuned, found
+    except (AttributeError, RuntimeError, TypeError, NotImplementedError) as err:
+        return None, f"{type(err).__name__}: {err}"
+
+
+def _cutlass(weight: torch.Tensor) -> torch.Tensor | None:
+    from torch.sparse import SparseSemiStructuredTensor
+
+    forced = SparseSemiStructuredTensor._FORCE_CUTLASS
+    SparseSemiStructuredTensor._FORCE_CUTLASS = True
+    try:
+        return semi_structured(weight)[0]
+    finally:
+        SparseSemiStructuredTensor._FORCE_CUTLASS = forced
+
+
+@torch.no_grad()
+def linear_kernels(model: nn.Module, args, device: torch.device, calls: int = 20) -> dict:
+    """Block 0's three linear shapes alone on 2-D inputs (prefill's batch x seqlen tokens and decode's
+    one): the pruned weight dense against 2:4 through cuSPARSELt (its default algorithm and the one its
+    search picks) and through CUTLASS. Microseconds per call from CUDA events around ``calls``
+    back-to-back calls, medians of interleaved repeats: which kernels are faster, apart from the model."""
+    block = model.model.layers[0]
+    out = {"calls_per_timing": calls, "shapes": {}}
+    for label, linear in (("q_proj", block.self_attn.q_proj), ("gate_proj", block.mlp.gate_proj),
+                          ("down_proj", block.mlp.down_proj)):
+        weight = linear.weight.detach().masked_fill(two_four_mask(linear.weight, label), 0)
+        rows, cols = weight.shape
+        for tokens in (args.batch * args.seqlen, 1):
+            x = torch.randn(tokens, cols, device=device, dtype=weight.dtype, generator=torch.Generator(device).manual_seed(3))
+            sides = {"dense": weight}
+            default, why = semi_structured(weight)
+            row = {"weight": [rows, cols], "tokens": tokens}
+            if default is not None:
+                sides["cusparselt" if backend() == "cusparselt" else "cutlass"] = default
+                if backend() == "cusparselt":
+                    tuned, row["search"] = _searched(weight, x)
+                    if tuned is not None:
+                        sides["cusparselt searched"] = tuned
+                    cutlass = _cutlass(weight)
+                    if cutlass is not None:
+                        sides["cutlass"] = cutlass
+            else:
+                row["sparse"] = why
+            times: dict[str, list[float]] = {name: [] for name in sides}
+            for step in range(args.repeats + 1):
+                for name, w in sides.items():
+                    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(calls):
+                        F.linear(x, w)
+                    stop.record()
+                    stop.synchronize()
+                    if step:
+                        times[name].append(1000 * start.elapsed_time(stop) / calls)
+            flop = 2 * rows * cols * tokens
+            for name, values in times.items():
+                row[f"{name} us"] = median(values)
+                row[f"{name} TFLOP/s"] = flop / median(values) / 1e6
+                if name != "dense":
+                    row[f"{name} speedup"] = median(times["dense"]) / median(values)
+            out["shapes"][f"{label} x {tokens}"] = row
+    return out
+
+
 @torch.no_grad()
 def end_to_end(model: nn.Module, args, device: torch.device) -> dict:
     """The whole model: prefill of batch x seqlen (last position's logits, as serving computes them) and
@@ -172,6 +262,8 @@ def end_to_end(model: nn.Module, args, device: torch.device) -> dict:
     ids = torch.randint(0, vocab, (args.batch, args.seqlen), generator=gen).to(device)
     prefill = rate_row(interleaved(sides, lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1),
                                    args.repeats, device), ids.numel(), "tokens_per_s")
+    if args.profile and device.type == "cuda":
+        prefill["profile"] = profile_sides(sides, lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1))
     prompt = torch.randint(0, vocab, (1, args.decode_prompt), generator=gen).to(device)
     steps = torch.randint(0, vocab, (args.decode_steps, 1, 1), generator=gen).to(device)
     latency: dict[str, list[float]] = {}
@@ -268,6 +360,12 @@ def run(args) -> dict:
     record["mlp"], mlp_sides = mlp_prefill(model, args, device)
     record["sparse_kernels"] = ({"supported": True, "backend": backend()} if mlp_sides.supported
                                 else {"supported": False, "error": mlp_sides.unsupported})
+    try:  # a diagnostic: where it fails (a torch without the search, say) the speed rows still run
+        record["linear_kernels"] = (linear_kernels(model, args, device) if mlp_sides.supported
+                                    else {"skipped": "no semi-structured kernels on this device"})
+    except (RuntimeError, NotImplementedError, AttributeError) as err:
+        record["linear_kernels"] = {"failed": f"{type(err).__name__}: {err}"}
+        print(f"  linear kernels: failed ({record['linear_kernels']['failed']})")
     record["end_to_end"] = end_to_end(model, args, device)
     del model
     record["perplexity"] = perplexity_section(args, device, dtype)
@@ -288,6 +386,9 @@ def report(record: dict) -> None:
         return text
 
     print(f"  MLP prefill {mlp['tokens']} tokens: tokens/s {sides(mlp, 'tokens_per_s')}")
+    for label, row in record["linear_kernels"].get("shapes", {}).items():
+        ratios = ", ".join(f"{k[:-8]} {v:.2f}x" for k, v in row.items() if k.endswith(" speedup"))
+        print(f"  linear {label} tokens: dense {row['dense us']:.1f} us ({row['dense TFLOP/s']:.0f} TFLOP/s); {ratios}")
     print(f"  model ({e2e['blocks']} blocks) prefill: tokens/s {sides(e2e['prefill'], 'tokens_per_s')}")
     print(f"  decode ms/token: {sides(e2e['decode'], 'ms_per_token')}; masks identical: {e2e['masks_identical']}")
     if "ppl" in record["perplexity"]:
@@ -312,6 +413,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ppl-windows", type=int, default=4, help="WikiText-2 test windows of the embedded model (0: skip)")
     p.add_argument("--ppl-seqlen", type=int, default=512)
     p.add_argument("--ppl-calib", type=int, default=8, help="C4 calibration samples of the embedded model's 2:4 mask")
+    p.add_argument("--profile", action="store_true",
+                   help="CUDA: torch.profiler's table of one whole-model prefill per side, in the record")
     p.add_argument("--name", default="sparse_inference", help="write benchmarks/results/NAME.json")
     p.add_argument("--no-write", action="store_true", help="print only")
     add_gpu_arguments(p)
