@@ -50,14 +50,23 @@ def two_four_mask(weight: torch.Tensor, name: str, seed: int = 0) -> torch.Tenso
     return prune_lowest(weight.abs().float(), 0.5, "2:4", seed, name)
 
 
-def semi_structured(weight: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
-    """The weight as a semi-structured sparse tensor, or (None, why not) where this device has none."""
-    from torch.sparse import to_sparse_semi_structured
+def semi_structured(weight: torch.Tensor, fuse_transpose: bool = True) -> tuple[torch.Tensor | None, str | None]:
+    """The weight as a semi-structured sparse tensor, or (None, why not) where this device has none.
 
+    ``fuse_transpose``: cuSPARSELt writes ``x @ W.T`` row-major itself. Without it the product comes
+    back as a transposed view, and attention refuses its fused kernels for such q, k, v: on an H200
+    the 2:4 model's prefill then ran at 0.36x of dense, almost all of the loss in the float32 math
+    attention (benchmarks/results/sparse_inference_unfused.json, its profile)."""
+    from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
+
+    fused = SparseSemiStructuredTensor._FUSE_TRANSPOSE
+    SparseSemiStructuredTensor._FUSE_TRANSPOSE = fuse_transpose
     try:
         return to_sparse_semi_structured(weight), None
     except (RuntimeError, NotImplementedError) as err:
         return None, f"{type(err).__name__}: {err}"
+    finally:
+        SparseSemiStructuredTensor._FUSE_TRANSPOSE = fused
 
 
 def backend() -> str:
@@ -222,11 +231,21 @@ def linear_kernels(model: nn.Module, args, device: torch.device, calls: int = 20
                     tuned, row["search"] = _searched(weight, x)
                     if tuned is not None:
                         sides["cusparselt searched"] = tuned
+                    unfused = semi_structured(weight, fuse_transpose=False)[0]
+                    if unfused is not None:
+                        sides["cusparselt unfused"] = unfused
                     cutlass = _cutlass(weight)
                     if cutlass is not None:
                         sides["cutlass"] = cutlass
             else:
                 row["sparse"] = why
+            for name in list(sides):  # a variant this torch cannot run is named, not fatal
+                try:
+                    F.linear(x, sides[name])
+                    torch.cuda.synchronize(device)
+                except (RuntimeError, NotImplementedError) as err:
+                    row[f"{name} failed"] = f"{type(err).__name__}: {str(err)[:200]}"
+                    del sides[name]
             times: dict[str, list[float]] = {name: [] for name in sides}
             for step in range(args.repeats + 1):
                 for name, w in sides.items():
@@ -358,7 +377,8 @@ def run(args) -> dict:
     torch.manual_seed(0)
     model = llama(shape, blocks, dtype, device)
     record["mlp"], mlp_sides = mlp_prefill(model, args, device)
-    record["sparse_kernels"] = ({"supported": True, "backend": backend()} if mlp_sides.supported
+    record["sparse_kernels"] = ({"supported": True, "backend": backend(), "fuse_transpose": True}
+                                if mlp_sides.supported
                                 else {"supported": False, "error": mlp_sides.unsupported})
     try:  # a diagnostic: where it fails (a torch without the search, say) the speed rows still run
         record["linear_kernels"] = (linear_kernels(model, args, device) if mlp_sides.supported
