@@ -183,36 +183,12 @@ def mlp_prefill(model: nn.Module, args, device: torch.device) -> tuple[dict, Two
     return row, sides
 
 
-def _searched(weight: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor | None, object]:
-    """``weight`` through cuSPARSELt with the algorithm its own search picks for ``x @ weight.T`` (its
-    default is algorithm 0), and the search's answer; (None, why) where it fails."""
-    try:
-        tuned, why = semi_structured(weight)
-        if tuned is None:
-            return None, why
-        found = torch._cslt_sparse_mm_search(tuned.packed, x.t().contiguous())
-        tuned.alg_id_cusparselt = int(found if isinstance(found, int) else found[0])
-        return tuned, found
-    except (AttributeError, RuntimeError, TypeError, NotImplementedError) as err:
-        return None, f"{type(err).__name__}: {err}"
-
-
-def _cutlass(weight: torch.Tensor) -> torch.Tensor | None:
-    from torch.sparse import SparseSemiStructuredTensor
-
-    forced = SparseSemiStructuredTensor._FORCE_CUTLASS
-    SparseSemiStructuredTensor._FORCE_CUTLASS = True
-    try:
-        return semi_structured(weight)[0]
-    finally:
-        SparseSemiStructuredTensor._FORCE_CUTLASS = forced
-
-
 @torch.no_grad()
 def linear_kernels(model: nn.Module, args, device: torch.device, calls: int = 20) -> dict:
     """Block 0's three linear shapes alone on 2-D inputs (prefill's batch x seqlen tokens and decode's
-    one): the pruned weight dense against 2:4 through cuSPARSELt (its default algorithm and the one its
-    search picks) and through CUTLASS. Microseconds per call from CUDA events around ``calls``
+    one): the pruned weight dense against 2:4 through cuSPARSELt, its product written row-major or
+    transposed. (Its algorithm search, ``torch._cslt_sparse_mm_search``, left the CUDA context broken
+    by an illegal instruction on an H200 with torch 2.11: not tried.) Microseconds per call from CUDA events around ``calls``
     back-to-back calls, medians of interleaved repeats: which kernels are faster, apart from the model."""
     block = model.model.layers[0]
     out = {"calls_per_timing": calls, "shapes": {}}
@@ -228,15 +204,9 @@ def linear_kernels(model: nn.Module, args, device: torch.device, calls: int = 20
             if default is not None:
                 sides["cusparselt" if backend() == "cusparselt" else "cutlass"] = default
                 if backend() == "cusparselt":
-                    tuned, row["search"] = _searched(weight, x)
-                    if tuned is not None:
-                        sides["cusparselt searched"] = tuned
                     unfused = semi_structured(weight, fuse_transpose=False)[0]
                     if unfused is not None:
                         sides["cusparselt unfused"] = unfused
-                    cutlass = _cutlass(weight)
-                    if cutlass is not None:
-                        sides["cutlass"] = cutlass
             else:
                 row["sparse"] = why
             for name in list(sides):  # a variant this torch cannot run is named, not fatal
