@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -317,6 +318,7 @@ def main() -> None:
         # cheapest first: the start-up floor, the OBS solves side by side, Wanda, its evaluation and
         # the host check come before SparseGPT's long runs
         if dev.type == "cuda":
+            os.sync()  # the checkpoint just written is on disk: its write-back would slow the imports timed
             record["startup"] = startup()
             save(False)
         if any(m.startswith("sparsegpt") for m in args.methods):

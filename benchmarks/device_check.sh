@@ -20,7 +20,7 @@ commit=${1:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 name=${GPU_NAME:-gpu}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.csv" 2>&1
 
-timeout "${SPARSE_SECONDS:-240}" python benchmarks/bench_sparse_inference.py --source-commit "$commit" 2>&1 \
+timeout "${SPARSE_SECONDS:-240}" python benchmarks/bench_sparse_inference.py --source-commit "$commit" --profile 2>&1 \
     | tee "$OUT/bench_sparse_inference.log"
 sparse=${PIPESTATUS[0]}
 cp benchmarks/results/sparse_inference.json "$OUT/" 2>/dev/null

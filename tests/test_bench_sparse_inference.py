@@ -77,3 +77,20 @@ def test_cpu_mode_records_no_speedup():
     assert e2e["decode"]["dense_ms_per_token"] > 0 and len(e2e["prefill"]["dense_seconds"]) == 1
     assert e2e["pruned"] * 2 == e2e["weights"] and e2e["masks_identical"] is None
     assert all(row["met"] is None for row in record["goals"].values())
+
+
+def test_the_row_major_side_copies_a_transposed_output_and_the_others_keep_it():
+    """The sparse kernels return x @ W.T as a transposed view; the row-major side hands attention the
+    same values laid out row-major, and the dense and plain sparse sides leave outputs as they are."""
+    linear = torch.nn.Linear(8, 4, bias=False)
+    sides = bench.TwoSides({"l": linear})
+    view = torch.randn(4, 6).T  # what the kernels give: (tokens, out) with column-major strides
+    assert not view.is_contiguous()
+    sides.row_major = False
+    assert sides._copy_row_major(linear, (), view) is None  # a hook returning None keeps the output
+    sides.row_major = True
+    copied = sides._copy_row_major(linear, (), view)
+    assert copied.is_contiguous() and torch.equal(copied, view)
+    x = torch.randn(3, 8)
+    sides.use("dense")
+    assert not sides.row_major and torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight))

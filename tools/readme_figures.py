@@ -237,6 +237,67 @@ def gpu_side_by_side(base: dict, other: dict) -> str:
     return "\n".join(lines + [f"- Same card and commit, {differ} (time after the model is open): {ratios}."])
 
 
+def gpu_client_start(data: dict) -> str:
+    """bench_gpu's Wanda rows of one run with the whole client process and the start-up floor under it."""
+    runs = "; ".join(f"{key} {r['seconds']:.1f} s for the process, {r['seconds_to_open']:.1f} s of it to open the "
+                     f"model, {r['seconds_after_open']:.1f} s after (GPU busy {r['busy_fraction']})"
+                     for key, r in data["runs"].items())
+    start = "; ".join(f"{step} {row['fastest']:.1f} s" for step, row in (data.get("startup") or {}).items())
+    goals = "; ".join(f"{name} {g['measured']} (goal {g['goal']:g}: "
+                      f"{'met' if g['met'] else 'not met' if g['met'] is False else 'not measured'})"
+                      for name, g in data["goals"].items() if g["measured"] is not None)
+    return "\n".join([
+        f"- {data['device']}, torch {data['torch']}, commit {data.get('commit', '?')}, batch size {data['batch_size']}: "
+        f"{runs}.",
+        f"- Processes that only start, each step adding to the one before (fastest of two): {start}.",
+        f"- Goals: {goals}."])
+
+
+def _profile_ms(table: str, operator: str) -> float:
+    """The CUDA total of ``operator`` in a torch.profiler key_averages table, in ms."""
+    header, *rows = [line for line in table.splitlines() if line.strip() and not line.startswith("-")]
+    columns = [c.strip() for c in re.split(r"\s{2,}", header.strip())]
+    for line in rows:
+        cells = [c.strip() for c in re.split(r"\s{2,}", line.strip())]
+        if cells[0] == operator:
+            value = cells[columns.index("CUDA total")]
+            return float(value[:-2]) if value.endswith("ms") else float(value[:-2]) / 1000
+    return 0.0
+
+
+def sparse_inference(data: dict, profiled: dict) -> str:
+    """bench_sparse_inference at the 7B shape on one GPU: dense against 2:4 (and, where measured, 2:4
+    with outputs copied row-major), side by side; and where a profiled run says the time went."""
+    def sides(row: dict, unit: str, fmt: str = ",.0f") -> str:
+        text = f"dense {row[f'dense_{unit}']:{fmt}}, 2:4 {row[f'sparse_{unit}']:{fmt}} ({row['speedup']:.2f}×)"
+        if row.get("row_major_speedup") is not None:
+            text += f", 2:4 outputs row-major {row[f'sparse_row_major_{unit}']:{fmt}} ({row['row_major_speedup']:.2f}×)"
+        return text
+
+    e2e = data["end_to_end"]
+    lines = [f"- {data['device']}, torch {data['torch']}, {data['sparse_kernels'].get('backend')}, {data['shape']} shape "
+             f"in {data['dtype']}, {e2e['blocks']} blocks, commit {data.get('commit', '?')}; {data['note']}.",
+             f"- Block 0's MLP, {data['mlp']['tokens']:,} tokens, tokens/s: {sides(data['mlp'], 'tokens_per_s')}.",
+             f"- Whole model prefill, {e2e['prefill']['tokens']:,} tokens, tokens/s: {sides(e2e['prefill'], 'tokens_per_s')}.",
+             f"- Decode after a {e2e['decode']['prompt_tokens']}-token prompt, ms per token: "
+             f"{sides(e2e['decode'], 'ms_per_token', '.1f')} (a ratio above 1 is faster).",
+             f"- Masks identical on both sides: {e2e['masks_identical']}; logits within "
+             f"{e2e.get('logits_relative_difference', float('nan')):.1e} (relative)."]
+    tables = profiled["end_to_end"]["prefill"].get("profile", {})
+    if tables:
+        ms = {side: {op: _profile_ms(t, op) for op in ("aten::linear", "aten::scaled_dot_product_attention")}
+              for side, t in tables.items()}
+        lines += [f"- Where one whole-model prefill spends the GPU's time (torch.profiler, commit "
+                  f"{profiled.get('commit', '?')}): linears dense {ms['dense']['aten::linear']:.0f} ms, 2:4 "
+                  f"{ms['sparse']['aten::linear']:.0f} ms; attention dense {ms['dense']['aten::scaled_dot_product_attention']:.0f} ms, "
+                  f"2:4 {ms['sparse']['aten::scaled_dot_product_attention']:.0f} ms."]
+    lines += ["- Goals: " + "; ".join(
+        f"{name} {'not measured' if g['measured'] is None else format(g['measured'], '.2f')} (goal {g['goal']:g}: "
+        f"{'met' if g['met'] else 'not met' if g['met'] is False else 'not measured'})"
+        for name, g in data["goals"].items()) + "."]
+    return "\n".join(lines)
+
+
 def gram(data: dict) -> str:
     """SparseGPT's Gram sums of one 7B block by precision (benchmarks/bench_gram.py)."""
     differ = data["max_relative_diagonal_difference_from_float64"]
@@ -766,6 +827,9 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "flower": (REPO / "benchmarks/results/flower.json", flower),
     "gpu": ((REPO / "benchmarks/results/gpu.json", REPO / "benchmarks/results/gpu_evaluate.json"), gpu),
     "gram": (REPO / "benchmarks/results/gram.json", gram),
+    "gpu-client-start": (REPO / "benchmarks/results/gpu_client_start.json", gpu_client_start),
+    "sparse-inference": ((REPO / "benchmarks/results/sparse_inference.json",
+                          REPO / "benchmarks/results/sparse_inference_profile.json"), sparse_inference),
     "gpu-tensor-gram": ((REPO / "benchmarks/results/gpu_sparsegpt_exact.json",
                          REPO / "benchmarks/results/gpu_tensor_gram.json"), gpu_side_by_side),
     "gpu-wanda-batch": ((REPO / "benchmarks/results/gpu_wanda_b8.json",
