@@ -90,6 +90,31 @@ def check_bytes(model: Path, out: Path, calib: Path, version: int, folder: Path)
         raise SystemExit(f"{out}: site-00's upload differs from fedlib client-mask on its data")
 
 
+def check_secagg(model: Path, out: Path, folder: Path, answered: list[str], absent: list[str]) -> str:
+    """Secure aggregation's global file against the plain format 1 federation: byte for byte when every
+    site answered; when some dropped out, against ``fedlib aggregate`` over the plain federation's
+    uploads of the sites that answered (every tensor and header field equal, but the global file's
+    record of who was absent). Returns what it was checked against."""
+    plain = folder / "federation-v1"
+    if not absent:
+        if (out / "global.mask.safetensors").read_bytes() != (plain / "global.mask.safetensors").read_bytes():
+            raise SystemExit("secure aggregation's global file differs from the plain federation's")
+        return "the plain format 1 federation"
+    from safetensors import safe_open
+    import torch
+
+    again = folder / "aggregate-secagg-survivors.safetensors"
+    fedlib("aggregate", "--model", model, "--server-group", "layer", "--out", again,
+           *(plain / "round-000" / f"{c}.mask.safetensors" for c in answered))
+    with safe_open(str(again), "pt") as mine, safe_open(str(out / "global.mask.safetensors"), "pt") as theirs:
+        header = {**mine.metadata(), "x_absent_clients": json.dumps(absent)}
+        if header != theirs.metadata() or set(mine.keys()) != set(theirs.keys()) or \
+                any(not torch.equal(mine.get_tensor(k), theirs.get_tensor(k)) for k in mine.keys()):
+            raise SystemExit(f"secure aggregation's global file differs from fedlib aggregate over the "
+                             f"{len(answered)} sites that answered")
+    return f"fedlib aggregate over the same {len(answered)} sites' plain uploads (all but x_absent_clients)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=16)
@@ -122,12 +147,13 @@ def main() -> None:
                 out = root / f"federation-{name}"
                 result = federation(site, model, out, roster, args.clients, args.parallel, mode="one-shot", group="layer",
                                     method="wanda", **{"local-group": "row", "format-version": version, "secagg": secagg})
-                if not secagg:
-                    check_bytes(model, out, calib[0], version, root)
-                elif (out / "global.mask.safetensors").read_bytes() != \
-                        (root / "federation-v1" / "global.mask.safetensors").read_bytes():
-                    raise SystemExit("secure aggregation's global file differs from the plain federation's")
                 rnd, flower = result["round"], result["flower"]
+                absent = rnd.get("absent", [])
+                if secagg:
+                    same = check_secagg(model, out, root, rnd["clients"], absent)
+                else:
+                    check_bytes(model, out, calib[0], version, root)
+                    same = "fedlib aggregate"
                 largest = max(p.stat().st_size for p in (out / "round-000").glob("site-*.safetensors")) / 2 ** 20
                 growth = rnd["coordinator_peak_rss_mib"] - rnd["coordinator_peak_rss_before_mib"]
                 records.append({
@@ -149,8 +175,11 @@ def main() -> None:
                     "supernode_peak_rss_mib": max(peak_rss_mib(p.pid) for n, p in site.procs.items()
                                                   if n.startswith("site-")),
                     # checked above, or the script stopped: plain runs against fedlib aggregate over their
-                    # uploads, secure aggregation against the plain format 1 federation's global file
-                    "same_bytes_as": "the plain format 1 federation" if secagg else "fedlib aggregate",
+                    # uploads, secure aggregation against the plain format 1 federation (check_secagg)
+                    "same_bytes_as": same,
+                    # a site Flower lost (its SuperLink's store failing under load) drops out of the round
+                    "sites_answered": len(rnd["clients"]), "absent": absent,
+                    "refused": [r["reason"] for r in json.loads((out / "federation.json").read_text())["refused"]],
                 })
                 print(json.dumps(records[-1]), flush=True)
                 write("flower", {  # after each federation: an interrupted run keeps what it measured
