@@ -163,6 +163,14 @@ def flower(data: dict) -> str:
               f"| {r['coordinator_peak_rss_mib']:,.0f} MiB | {r['client_peak_rss_mib']:,.0f} MiB "
               f"| {r['superlink_peak_rss_mib']:,.0f} MiB | {r['supernode_peak_rss_mib']:,.0f} MiB "
               f"| {r['same_bytes_as']} |" for r in data["records"]]
+    bound = [f"{r['variant']} {r['coordinator_replies_growth_in_uploads']:.1f} of its largest upload "
+             f"({r['largest_upload_mib']:.1f} MiB)" for r in data["records"] if "coordinator_replies_growth_in_uploads" in r]
+    if bound:
+        lines += ["", "- The coordinator's growth while it took the replies, counted in uploads (goal: at most 2): "
+                  + "; ".join(bound) + "."]
+    lost = [f"{r['variant']}: {', '.join(r['absent'])} ({'; '.join(r['refused'])})" for r in data["records"] if r.get("absent")]
+    if lost:
+        lines += ["- Sites that did not answer: " + "; ".join(lost) + "."]
     return "\n".join(lines)
 
 
