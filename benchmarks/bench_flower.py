@@ -73,7 +73,8 @@ def federation(site: Localhost, model: Path, out: Path, roster: Path, n_clients:
         raise SystemExit(f"run {run_id}: {run['status']}: {run.get('status-details')}")
     state = json.loads((out / "federation.json").read_text())
     (record,) = state["rounds"]
-    return {"run_seconds": time.monotonic() - start, "round": record, "flower": run}
+    return {"run_seconds": time.monotonic() - start, "round": record, "flower": run,
+            "refused": [r["reason"] for r in state["refused"]]}
 
 
 def check_bytes(model: Path, out: Path, calib: Path, version: int, folder: Path) -> None:
@@ -148,7 +149,7 @@ def main() -> None:
                 result = federation(site, model, out, roster, args.clients, args.parallel, mode="one-shot", group="layer",
                                     method="wanda", **{"local-group": "row", "format-version": version, "secagg": secagg})
                 rnd, flower = result["round"], result["flower"]
-                absent = rnd.get("absent", [])
+                absent = rnd["absent"]
                 if secagg:
                     same = check_secagg(model, out, root, rnd["clients"], absent)
                 else:
@@ -179,7 +180,7 @@ def main() -> None:
                     "same_bytes_as": same,
                     # a site Flower lost (its SuperLink's store failing under load) drops out of the round
                     "sites_answered": len(rnd["clients"]), "absent": absent,
-                    "refused": [r["reason"] for r in json.loads((out / "federation.json").read_text())["refused"]],
+                    "refused": result["refused"],
                 })
                 print(json.dumps(records[-1]), flush=True)
                 write("flower", {  # after each federation: an interrupted run keeps what it measured

@@ -203,24 +203,22 @@ def obs_solve(shape: dict, args) -> dict:
     return out
 
 
-#: what a client process pays before it opens the model, each step adding to the one before
-STARTUP = {
-    "python": "pass",
-    "import torch, CUDA context": "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()",
-    "and transformers' LLaMA": ("import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize(); "
-                                "import transformers.models.llama.modeling_llama"),
-    "and fedlib's client": ("import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize(); "
-                            "import transformers.models.llama.modeling_llama; import fedlib.cli, fedlib.uploads, "
-                            "fedlib.runner, fedlib.models"),
-}
+#: what a client process pays before it opens the model: each step's code runs after the steps before it
+STARTUP = (
+    ("python", "pass"),
+    ("import torch, CUDA context", "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()"),
+    ("and transformers' LLaMA", "import transformers.models.llama.modeling_llama"),
+    ("and fedlib's client", "import fedlib.cli, fedlib.uploads, fedlib.runner, fedlib.models"),
+)
 
 
 def startup(repeats: int = 2) -> dict:
     """Wall seconds of processes that only start (:data:`STARTUP`): the floor under a client's time
     to open (fastest of ``repeats``; the first run of a step also pays cold file caches)."""
-    out = {}
-    for label, code in STARTUP.items():
-        seconds = [run_measured([sys.executable, "-c", code], label)["seconds"] for _ in range(repeats)]
+    out, code = {}, []
+    for label, step in STARTUP:
+        code.append(step)
+        seconds = [run_measured([sys.executable, "-c", "; ".join(code)], label)["seconds"] for _ in range(repeats)]
         out[label] = {"seconds": seconds, "fastest": min(seconds)}
         print(f"  start-up, {label}: {min(seconds):.2f}s (of {seconds})")
     return out

@@ -174,6 +174,11 @@ def flower(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _status(goal: dict) -> str:
+    """A benchmark goal's verdict: met, not met, or not measured (its ``met`` None)."""
+    return "met" if goal["met"] else "not met" if goal["met"] is False else "not measured"
+
+
 def gpu(data: dict, evaluate: dict) -> str:
     """Client masks and evaluation at the 7B shape on one GPU (benchmarks/bench_gpu.py), and
     `evaluate` against an earlier checkout on the same machine (benchmarks/bench_gpu_evaluate.py)."""
@@ -206,7 +211,7 @@ def gpu(data: dict, evaluate: dict) -> str:
                   f"{sum(r['masks_differ'] for r in layers)} mask entries differ, weights within "
                   f"{max(r['max_weight_difference'] for r in layers):.0e}."]
     lines += ["- Goals: " + "; ".join(f"{name} {figure(g['measured'])} (goal {g['goal']:g}: "
-                                      f"{'met' if g['met'] else 'not met' if g['met'] is False else 'not measured'})"
+                                      f"{_status(g)})"
                                       for name, g in data["goals"].items()) + "."]
     rows = {side: [r for r in evaluate["rows"] if r["side"] == side] for side in ("baseline", "this")}
     base, this = rows["baseline"][0], rows["this"][0]
@@ -252,7 +257,7 @@ def gpu_client_start(data: dict) -> str:
                      for key, r in data["runs"].items())
     start = "; ".join(f"{step} {row['fastest']:.1f} s" for step, row in (data.get("startup") or {}).items())
     goals = "; ".join(f"{name} {g['measured']} (goal {g['goal']:g}: "
-                      f"{'met' if g['met'] else 'not met' if g['met'] is False else 'not measured'})"
+                      f"{_status(g)})"
                       for name, g in data["goals"].items() if g["measured"] is not None)
     return "\n".join([
         f"- {data['device']}, torch {data['torch']}, commit {data.get('commit', '?')}, batch size {data['batch_size']}: "
@@ -301,7 +306,7 @@ def sparse_inference(data: dict, profiled: dict) -> str:
                   f"2:4 {ms['sparse']['aten::scaled_dot_product_attention']:.0f} ms."]
     lines += ["- Goals: " + "; ".join(
         f"{name} {'not measured' if g['measured'] is None else format(g['measured'], '.2f')} (goal {g['goal']:g}: "
-        f"{'met' if g['met'] else 'not met' if g['met'] is False else 'not measured'})"
+        f"{_status(g)})"
         for name, g in data["goals"].items()) + "."]
     return "\n".join(lines)
 
