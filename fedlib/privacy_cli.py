@@ -60,6 +60,14 @@ for _analysis in ANALYSES:
     REPORTS.setdefault(_analysis.report, (_writer, []))[1].append(_analysis)
 
 
+def _claimed_epsilon(value: str) -> float:
+    """A finite ε > 0: what a DP mechanism claims (the release audit has no ε = 0 or ∞ row)."""
+    eps = _epsilon(value)
+    if not 0 < eps < math.inf:
+        raise argparse.ArgumentTypeError(f"a claimed ε must be a finite number > 0, got {value!r}")
+    return eps
+
+
 def _epsilon(value: str) -> float:
     if value.lower() in ("inf", "infinity", "none"):
         return math.inf
@@ -194,6 +202,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     renamed(p, "--n-clients", "--clients", type=int, required=True,
             help="observed client masks, one designated target each")
     _game_args(p)
+    _out_arg(p)
+
+    p = sub.add_parser("release-audit", help="the white-box audit of one release of the DP client mechanism, with "
+                       "its positive controls (fedlib.privacy.stages.dp_release)")
+    _model_arg(p)
+    p.add_argument("--population", required=True, help="token file: the auditor picks the farthest pair of its rows")
+    p.add_argument("--epsilons", type=_claimed_epsilon, nargs="+", required=True, help="claimed ε to audit")
+    p.add_argument("--delta", type=float, required=True, help="the mechanism's δ")
+    p.add_argument("--clip", type=float, required=True, help="the mechanism's clip")
+    p.add_argument("--trials", type=int, default=100_000, help="releases drawn per world (the game's size)")
+    p.add_argument("--factor", type=float, default=10.0,
+                   help="the broken control's sensitivity understatement (its noise std divided by this)")
+    p.add_argument("--seed", type=int, default=0, help="the seed of the audit's noise draws")
+    p.add_argument("--confidence", type=float, default=0.95, help="the bounds' confidence")
+    add_threads_argument(p)
     _out_arg(p)
 
     p = sub.add_parser("secagg", help=BY_NAME["secagg"].summary)
@@ -438,6 +461,21 @@ def _cmd_membership(args) -> None:
     _write_json(args.out, result)
 
 
+def _cmd_release_audit(args) -> None:
+    from fedlib.data import load_tokens
+    from fedlib.privacy.stages.dp_release import release_audit_with_controls
+
+    handle, _ = _open(args, pruned=False)
+    population, _ = load_tokens(Path(args.population))
+    result = release_audit_with_controls(handle.load_all(), population, args.epsilons, args.delta, args.clip,
+                                         args.trials, args.factor, args.seed, args.confidence)
+    result["population_file"] = str(args.population)
+    _write_json(args.out, result)
+    for row in result["rows"]:
+        print(f"ε={row['claimed']['epsilon']:g} {row['mechanism']}: bound {row['audit']['epsilon_lb']:.2f}, "
+              f"ceiling {row['ceiling']:.2f}: {row['verdict']}")
+
+
 def _dp_federation_inputs(args):
     """(model, pruning, public ids, each client's ids) of a simulated DP federation (plain Wanda)."""
     from fedlib.data import load_tokens
@@ -621,7 +659,7 @@ def _cmd_report_tables(args) -> None:
 
 COMMANDS = {
     "entropy": _cmd_entropy, "similarity": _cmd_similarity, "sensitivity": _cmd_sensitivity,
-    "membership": _cmd_membership, "membership-shared": _cmd_membership_shared, "secagg": _cmd_secagg,
+    "membership": _cmd_membership, "release-audit": _cmd_release_audit, "membership-shared": _cmd_membership_shared, "secagg": _cmd_secagg,
     "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
     "attribute": _cmd_attribute, "inversion-client": _cmd_inversion_client, "dp-federation": _cmd_dp_federation,
     "domain-report": _cmd_domain_report, "dp-headroom": _cmd_dp_headroom, "headroom-report": _cmd_headroom_report,

@@ -90,3 +90,37 @@ def test_the_audited_statistic_is_the_mechanisms(model, population):
 def test_control_must_understate():
     with pytest.raises(ValueError, match="factor must be > 1"):
         UnderstatedSensitivity(1.0, 1e-5, 1.0, factor=1.0)
+
+
+def test_the_controls_table_names_what_each_row_can_show(model, population):
+    """release_audit_with_controls (the privacy_dp target's release audit): at a claim below the
+    game's ceiling the honest client stays within it and the noiseless control is caught (every
+    member above every non-member: its bound is the ceiling); at a claim above the ceiling
+    (computed here from the evaluated counts, as a perfect attack's bound) every row says it
+    cannot fail, whatever its bound."""
+    from fedlib.privacy.membership import epsilon_ceiling
+    from fedlib.privacy.stages.dp_release import release_audit_with_controls
+
+    record = release_audit_with_controls(model, population, [40.0, 1.0], 1e-5, 1.0, trials=400, factor=10.0)
+    rows = {(r["claimed"]["epsilon"], r["mechanism"]): r for r in record["rows"]}
+    assert list(rows) == [(e, m) for e in (1.0, 40.0) for m in ("honest", "understated", "no-noise")]
+    for row in record["rows"]:
+        evaluated = row["audit"]["tp"] + row["audit"]["fn"], row["audit"]["fp"] + row["audit"]["tn"]
+        assert evaluated == (200, 200)
+        assert row["ceiling"] == pytest.approx(epsilon_ceiling(*evaluated, 0.95, 1e-5))
+    assert 1.0 < rows[1.0, "honest"]["ceiling"] < 40.0
+    assert rows[1.0, "honest"]["audit"]["epsilon_lb"] <= 1.0 and rows[1.0, "honest"]["verdict"] == "within claim"
+    assert rows[1.0, "no-noise"]["verdict"] == "caught"
+    assert rows[1.0, "no-noise"]["audit"]["epsilon_lb"] == pytest.approx(rows[1.0, "no-noise"]["ceiling"])
+    understated = rows[1.0, "understated"]
+    assert understated["verdict"] == ("caught" if understated["audit"]["epsilon_lb"] > 1.0 else "NOT CAUGHT")
+    assert {rows[40.0, m]["verdict"] for m in ("honest", "understated", "no-noise")} == {"cannot fail"}
+
+
+def test_the_release_audit_refuses_a_claim_that_is_not_a_finite_positive_epsilon():
+    from fedlib.privacy_cli import _claimed_epsilon
+
+    assert _claimed_epsilon("2") == 2.0
+    for bad in ("0", "inf", "-1", "x"):
+        with pytest.raises(Exception, match="ε"):
+            _claimed_epsilon(bad)

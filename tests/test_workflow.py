@@ -487,6 +487,16 @@ def test_dp_target_runs(privacy_targets):
     assert [r[2] for r in body if r[0].startswith("Wanda on public text")] == ["0"]
     assert any(r[0].startswith("Randomized response") for r in body)
     assert (privacy_targets / "reports" / "privacy_dp_utility.png").stat().st_size > 0
+    # the release audit and its positive controls: ε = 1 (release_audit.epsilons) below the game's
+    # ceiling, where the noiseless control is caught; the table's ε = 64 above it, where nothing can fail
+    audit = json.loads((base / "release_audit.json").read_text())
+    verdicts = {(r["claimed"]["epsilon"], r["mechanism"]): r["verdict"] for r in audit["rows"]}
+    assert audit["trials"] == 2000 and audit["population"] == 4 and audit["tokens"] == 32
+    assert verdicts[1.0, "honest"] == "within claim" and verdicts[1.0, "no-noise"] == "caught"
+    assert {verdicts[64.0, m] for m in ("honest", "understated", "no-noise")} == {"cannot fail"}
+    table = list(csv.reader((privacy_targets / "reports" / "privacy_dp_release.csv").open()))
+    assert [(r[0], r[-1]) for r in table[1:] if len(r) == 9] == [
+        (f"{e:g}", verdicts[e, m]) for e in (1.0, 64.0) for m in ("honest", "understated", "no-noise")]
 
 
 def test_domain_target_runs(tmp_path):

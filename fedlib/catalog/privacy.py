@@ -228,6 +228,23 @@ class PrivacyCatalog:
     def dp_eval(self, size: str, fed: str, eps) -> str:
         return f"{self.base}/{size}/dp/{fed}/{eps}/eval.json"
 
+    def release_audit(self, size: str) -> dict:
+        """The release audit's settings (``privacy.dp.release_audit`` over its defaults) and the ε
+        it audits: the DP table's and its own smaller ones, where a game of this size has power."""
+        d = self.of(size, "dp")
+        audit = {**DEFAULTS["dp"]["release_audit"], **(d.get("release_audit") or {})}
+        return {**audit, "epsilons": sorted({float(e) for e in [*d["epsilons"], *audit["epsilons"]]})}
+
+    def release_audit_population(self, size: str) -> str:
+        """The rows the auditor picks its pair from: windows of the calibration length."""
+        return self.pool(self._calib.dataset, int(self.release_audit(size)["population"]), self._calib.seqlen)
+
+    def release_audit_args(self, size: str) -> str:
+        d, audit = self.of(size, "dp"), self.release_audit(size)
+        return (f"--epsilons {' '.join(eps_name(e) for e in audit['epsilons'])} --delta {d['delta']!r} "
+                f"--clip {float(d['clip'])!r} --trials {int(audit['trials'])} --factor {float(audit['factor'])!r} "
+                f"--seed {int(self.catalog.config['seed'])}")
+
     def dp_spec(self, size: str) -> dict:
         d, suffix = self.of(size, "dp"), "" if size == "run" else "_full"
         defence = self.defence_spec(size)
@@ -240,6 +257,7 @@ class PrivacyCatalog:
                                "eval": self.dp_eval(size, "setting", eps),
                                "membership": f"{self.base}/{size}/dp/{eps}/membership.json"}
                          for eps in self.dp_settings(size)},
+            "release_audit": f"{self.base}/{size}/dp/release_audit.json",
             "utility": {
                 "federations": [{"clients": self.dp_clients(size, fed), "samples": n,
                                  "data": "the setting's shards" if fed == "setting" else f"pool {fed}",

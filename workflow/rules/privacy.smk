@@ -387,6 +387,33 @@ rule privacy_dp_eval:
         "--threads {threads} --out {output} > {log} 2>&1"
 
 
+rule privacy_dp_release_audit:
+    """The white-box audit of one release of the DP client mechanism and of its two positive controls
+    (a sensitivity understated, no noise), at each claimed ε, with each game's ceiling."""
+    input:
+        model=MODEL_READY,
+        population=lambda wc: PRIVACY.release_audit_population(wc.size),
+    output:
+        f"{PRIV_BASE}/{{size}}/dp/release_audit.json",
+    log:
+        f"{LOGS}/privacy/{{size}}/dp/release_audit.log",
+    benchmark:
+        f"{BENCH}/privacy/{{size}}/dp/release_audit.tsv"
+    wildcard_constraints:
+        size="run|full",
+    conda:
+        "../../envs/fedlib.yaml"
+    threads: 1
+    resources:
+        mem_mb=job_mem_mb("blocks+weights", tokens=["population"]),
+    params:
+        model=model_folder,
+        audit=lambda wc: PRIVACY.release_audit_args(wc.size),
+    shell:
+        f"{FEDLIB} privacy release-audit --model {{params.model}} --population {{input.population}} "
+        "{params.audit} --threads {threads} --out {output} > {log} 2>&1"
+
+
 rule privacy_dp_membership:
     """LiRA membership attack on DP masks (each with its own noise) at one ε: the audited ε lower bound."""
     input:
