@@ -112,8 +112,14 @@ def test_the_controls_table_names_what_each_row_can_show(model, population):
     assert rows[1.0, "honest"]["audit"]["epsilon_lb"] <= 1.0 and rows[1.0, "honest"]["verdict"] == "within claim"
     assert rows[1.0, "no-noise"]["verdict"] == "caught"
     assert rows[1.0, "no-noise"]["audit"]["epsilon_lb"] == pytest.approx(rows[1.0, "no-noise"]["ceiling"])
+    # the exact ε of the audited release for the pair: none without noise; the honest bound stays under it
+    assert rows[1.0, "no-noise"]["pair_epsilon"] is None
+    honest = rows[1.0, "honest"]
+    assert honest["audit"]["epsilon_lb"] <= honest["pair_epsilon"] < 1.0
     understated = rows[1.0, "understated"]
-    assert understated["verdict"] == ("caught" if understated["audit"]["epsilon_lb"] > 1.0 else "NOT CAUGHT")
+    assert understated["pair_epsilon"] > honest["pair_epsilon"]
+    assert understated["verdict"] == ("invisible in one release" if understated["pair_epsilon"] <= 1.0 else
+                                      "caught" if understated["audit"]["epsilon_lb"] > 1.0 else "NOT CAUGHT")
     assert {rows[40.0, m]["verdict"] for m in ("honest", "understated", "no-noise")} == {"cannot fail"}
 
 

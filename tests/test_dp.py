@@ -20,6 +20,7 @@ from fedlib.dp.gaussian import (
     clipped_sample_sum,
     count_releases,
     dp_method,
+    gaussian_epsilon,
     input_key,
     pld_epsilon,
 )
@@ -44,6 +45,17 @@ def test_calibrated_sigma_meets_target_by_an_independent_bound(epsilon, releases
     assert pld_epsilon(sigma, releases, delta) <= epsilon
     # more releases need more noise for the same budget
     assert calibrate_sigma(epsilon, delta, releases + 4) > sigma
+
+
+@pytest.mark.parametrize("sigma,releases", [(1.0, 1), (6.575, 120), (0.5, 4), (40.867, 1)])
+def test_exact_gaussian_epsilon_is_the_analytic_one(sigma, releases):
+    """The release audit's exact ε of a release (fedlib.dp.gaussian.gaussian_epsilon) against
+    scipy's root of Balle & Wang's δ(ε) here; PLD's ε bounds it from above."""
+    exact = gaussian_epsilon(sigma, releases, 1e-5)
+    assert exact == pytest.approx(analytic_gaussian_epsilon(math.sqrt(releases) / sigma, 1e-5), rel=1e-7)
+    assert exact <= pld_epsilon(sigma, releases, 1e-5) + 1e-9
+    assert gaussian_epsilon(0.0, 1, 1e-5) == math.inf
+    assert gaussian_epsilon(1e6, 1, 1e-5) == 0.0
 
 
 def test_input_keys_group_linears_that_share_an_input(model):

@@ -495,7 +495,7 @@ def test_dp_target_runs(privacy_targets):
     assert verdicts[1.0, "honest"] == "within claim" and verdicts[1.0, "no-noise"] == "caught"
     assert {verdicts[64.0, m] for m in ("honest", "understated", "no-noise")} == {"cannot fail"}
     table = list(csv.reader((privacy_targets / "reports" / "privacy_dp_release.csv").open()))
-    assert [(r[0], r[-1]) for r in table[1:] if len(r) == 9] == [
+    assert [(r[0], r[-1]) for r in table[1:] if len(r) == 10] == [
         (f"{e:g}", verdicts[e, m]) for e in (1.0, 64.0) for m in ("honest", "understated", "no-noise")]
 
 

@@ -116,6 +116,25 @@ def gaussian_delta(epsilon: float, sigma: float, releases: int) -> float:
     return float(norm.cdf(mu / 2 - epsilon / mu) - math.exp(epsilon + norm.logcdf(-mu / 2 - epsilon / mu)))
 
 
+def gaussian_epsilon(sigma: float, releases: int, delta: float) -> float:
+    """The exact epsilon at ``delta`` of ``releases`` composed Gaussian mechanisms of noise
+    multiplier ``sigma``: the root of :func:`gaussian_delta` (decreasing in epsilon), by
+    bisection to 1e-9; infinite without noise (``sigma`` 0)."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    if sigma <= 0:
+        return math.inf
+    if gaussian_delta(0.0, sigma, releases) <= delta:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while gaussian_delta(hi, sigma, releases) > delta:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1e-9 * max(1.0, hi):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if gaussian_delta(mid, sigma, releases) > delta else (lo, mid)
+    return hi
+
+
 @lru_cache(maxsize=256)
 def calibrate_sigma(epsilon: float, delta: float, releases: int) -> float:
     """The smallest noise multiplier (to 1e-6) whose ``releases``-fold composition is

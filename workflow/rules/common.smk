@@ -67,7 +67,7 @@ def model_dir():
     """Embedded aliases and hub ids are materialized once under resources/; local folders are used as is."""
     name = config["model"]["name"]
     if name not in EMBEDDED_MODELS and Path(name).is_dir():
-        return name
+        return os.path.normpath(name)  # "./model" -> "model": Snakemake warns on every rule for a leading "./"
     return materialized_dir(name)
 
 

@@ -66,7 +66,7 @@ def release_audit(model, population: torch.Tensor, dp, trials: int = 20000, bloc
     ``noise`` (a :class:`fedlib.dp.samplers.NoiseSource`; default seeded by ``seed``, so the
     audit repeats). The neighbours: the two ``population`` rows whose clipped statistics are
     farthest apart."""
-    from fedlib.dp.gaussian import clipped_sample_sum, noisy_release
+    from fedlib.dp.gaussian import clipped_sample_sum, gaussian_epsilon, noisy_release
     from fedlib.dp.samplers import NoiseSource, derive_seed
     from fedlib.models import prunable_layers
     from fedlib.privacy.membership import audit_ceilings, audit_epsilon, confusion_at_threshold, epsilon_lower_bound
@@ -104,10 +104,15 @@ def release_audit(model, population: torch.Tensor, dp, trials: int = 20000, bloc
             best, threshold = eps, candidate
     audit = audit_epsilon(members[half:], nonmembers[half:], confidence, guarantee.delta, threshold=threshold)
     evaluated = (audit["tp"] + audit["fn"], audit["fp"] + audit["tn"])
+    # what this release really costs the pair: one Gaussian of sensitivity `shift` and the noise std it
+    # draws with (the clamp at 0 is post-processing); unbounded where the source draws only zeros
+    probe = noise.normal((64,), "release-audit", "probe")
+    pair_epsilon = gaussian_epsilon(guarantee.noise_std / shift, 1, guarantee.delta) if probe.abs().sum() > 0 else None
     return {
         "analysis": "dp_release", "claimed": {"epsilon": guarantee.epsilon, "delta": guarantee.delta},
         "guarantee": guarantee.header(), "release": "decoder block 0, attention input",
         "pair": [t, o], "shift": shift, "noise_std": guarantee.noise_std, "trials": trials,
+        "pair_epsilon": pair_epsilon,
         "audit": audit, "ceiling": audit_ceilings(*evaluated, confidence, guarantee.delta)["lr1"],
     }
 
@@ -125,7 +130,10 @@ def release_audit_with_controls(model, population: torch.Tensor, epsilons, delta
     noise. Each row's verdict says what the audit showed: for the honest client whether its bound
     stays at or below the claim; for a control whether the audit caught it (bound above the
     claim); and, where the game's ceiling is at or below the claim, that no attack could have
-    refuted it at this size (the row then says nothing about the mechanism)."""
+    refuted it at this size (the row then says nothing about the mechanism); for a control whose
+    audited release alone stays within the claim (``pair_epsilon``, the exact ε of that release
+    for the audited pair, at most the claim: the breakage spreads over releases this audit does
+    not see), that no audit of this release could catch it."""
     from fedlib.dp.gaussian import DPTarget
     from fedlib.privacy.control import NoNoise, UnderstatedSensitivity
 
@@ -138,11 +146,13 @@ def release_audit_with_controls(model, population: torch.Tensor, epsilons, delta
             dp, noise = mechanisms[name]
             result = release_audit(model, population, dp, trials=trials, confidence=confidence, seed=seed,
                                    noise=noise)
-            bound, ceiling = result["audit"]["epsilon_lb"], result["ceiling"]
+            bound, ceiling, exact = result["audit"]["epsilon_lb"], result["ceiling"], result["pair_epsilon"]
             if ceiling <= epsilon:
                 verdict = "cannot fail"
             elif name == "honest":
                 verdict = "within claim" if bound <= epsilon else "CLAIM REFUTED"
+            elif exact is not None and exact <= epsilon:
+                verdict = "invisible in one release"  # this release alone meets the claim: no audit of it can fail
             else:
                 verdict = "caught" if bound > epsilon else "NOT CAUGHT"
             rows.append({**result, "mechanism": name, "verdict": verdict})

@@ -94,9 +94,8 @@ RELEASE_MECHANISMS = {"honest": "honest client (fedlib.dp.gaussian)",
 def release_audit_table(spec: dict, fingerprint: str | None) -> list[Path]:
     """``privacy_dp_release<suffix>.{md,csv,html}``: the white-box audit of one release of the DP
     client mechanism (:mod:`fedlib.privacy.stages.dp_release`) and of its two positive controls,
-    per claimed ε: the audited lower bound, the game's ceiling, and the verdict. A control that
-    is "NOT CAUGHT" where the ceiling is above its claim is an audit too weak for that breakage;
-    a row whose ceiling is at or below the claim ("cannot fail") says nothing either way."""
+    per claimed ε: the exact ε of the audited release, the audited lower bound, the game's
+    ceiling, and the verdict (:func:`fedlib.privacy.stages.dp_release.release_audit_with_controls`)."""
     record = _load(spec["release_audit"])
     rows = []
     for row in record["rows"]:
@@ -104,6 +103,7 @@ def release_audit_table(spec: dict, fingerprint: str | None) -> list[Path]:
         rows.append([
             f"{row['claimed']['epsilon']:g}", RELEASE_MECHANISMS[row["mechanism"]].format(factor=record["factor"]),
             f"{guarantee['sigma']:.4g}", f"{row['noise_std']:.4g}", f"{row['shift']:.4g}",
+            "∞" if row["pair_epsilon"] is None else f"{row['pair_epsilon']:.3g}",
             f"{audit['epsilon_lb']:.2f}", f"{row['ceiling']:.2f}",
             f"TP {audit['tp']}, FN {audit['fn']}, FP {audit['fp']}, TN {audit['tn']}", row["verdict"],
         ])
@@ -114,19 +114,23 @@ def release_audit_table(spec: dict, fingerprint: str | None) -> list[Path]:
         f"{record['population']} calibration-length windows ({record['tokens']} tokens) whose clipped statistics are "
         "farthest apart ('shift'; the sensitivity allows √2·clip). σ is the guarantee's noise multiplier over every "
         "block's releases (the released mechanism), the noise std what the audited release actually drew with.",
-        "Bound: the ε lower bound (Clopper–Pearson, threshold chosen on half the trials, counted on the other half, "
-        f"at the mechanism's δ); ceiling: the largest bound a perfect attack could show with these counts. One release "
-        "of many: an honest client's bound on it is far below its whole-mask ε, and a broken one is caught only where "
-        "that one release alone leaks more than the claim.",
+        "Exact ε of the release: what the audited release costs the pair, one Gaussian of sensitivity 'shift' and "
+        "that noise std (Balle & Wang's δ(ε), fedlib.dp.gaussian.gaussian_epsilon; ∞ without noise). No sound audit "
+        "of this release goes above it. Bound: the ε lower bound (Clopper–Pearson, threshold chosen on half the "
+        "trials, counted on the other half, at the mechanism's δ); ceiling: the largest bound a perfect attack could "
+        "show with these counts. One release of many: an honest client's release costs far less than its whole-mask "
+        "ε, and a broken client can be caught here only where this one release alone costs more than the claim.",
         f"Positive controls, which the audit must catch: the same client with its noise calibrated to a sensitivity "
         f"{record['factor']:g} times too small, and the honest client over a sampler that returns zeros. Verdicts: "
         "'within claim' / 'CLAIM REFUTED' (honest), 'caught' / 'NOT CAUGHT' (controls: NOT CAUGHT means the audit "
-        "cannot see that breakage at this ε), 'cannot fail' (ceiling ≤ claimed ε: no attack at this game size "
+        "missed a breakage its release shows), 'invisible in one release' (a control whose audited release costs at "
+        "most the claim: its breakage is spread over releases this audit does not attack, so no audit of this "
+        "release can catch it), 'cannot fail' (ceiling ≤ claimed ε: no attack at this game size "
         "could refute the claim, the row says nothing about the mechanism; the ceiling grows with the log of the "
         "trials, so claims of tens of ε are out of reach of any feasible audit).",
     ]
     columns = ["claimed ε", "mechanism", "σ (noise multiplier)", "noise std of the release", "shift",
-               "audited ε LB", "ceiling", "counts (evaluated half)", "verdict"]
+               "exact ε of the release (pair)", "audited ε LB", "ceiling", "counts (evaluated half)", "verdict"]
     return _write_tables(Path(spec["out_dir"]), "dp_release", spec.get("suffix", ""),
                          "DP client mechanism: white-box audit of one release, with positive controls",
                          header_lines, columns, rows)
