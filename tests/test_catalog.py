@@ -289,7 +289,7 @@ def test_privacy_specs():
                                              "secagg": f"{base}/secagg.json"}
     assert privacy.report_inputs("privacy_secagg") == [f"{base}/secagg.json"]
     assert privacy.report_outputs("privacy_dp", "full") == [
-        f"rep/privacy_dp{t}_full.{ext}" for t in ("", "_utility") for ext in ("md", "csv", "html")] + [
+        f"rep/privacy_dp{t}_full.{ext}" for t in ("", "_release", "_utility") for ext in ("md", "csv", "html")] + [
         "rep/privacy_dp_utility_full.png"]
     dp = privacy.dp_spec("run")
     assert set(privacy.report_inputs("privacy_dp")) == {
@@ -297,7 +297,12 @@ def test_privacy_specs():
         *[f for fed in dp["utility"]["federations"] for s in fed["settings"].values() for f in s.values()],
         dp["utility"]["public"]["mask"], dp["utility"]["public"]["eval"], dp["utility"]["public"]["text"],
         dp["utility"]["dense_eval"], *dp["utility"]["randomized_response"]["records"].values(),
-        *dp["utility"]["randomized_response"]["evals"].values()}
+        *dp["utility"]["randomized_response"]["evals"].values(), dp["release_audit"]}
+    # the release audit: the table's ε and its own smaller ones, on windows of the calibration length
+    assert dp["release_audit"] == f"{base}/run/dp/release_audit.json"
+    assert privacy.release_audit_population("run") == f"{R}/pools/c4-64x32.safetensors"
+    assert privacy.release_audit_args("run") == (
+        "--epsilons 1 2 8 64 512 --delta 1e-05 --clip 1.0 --trials 100000 --factor 10.0 --seed 0")
     assert privacy.secagg_args() == ("--targets 16 --pairs 4 --pool 32 --draws 2 --blocks 1 --cohorts 1 2 4 8 16 32 "
                                      "--server-group layer")
 
