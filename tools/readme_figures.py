@@ -809,9 +809,6 @@ SUPERSEDED = {
                 "rule's time roughly doubles), so today's run takes longer",
     "run-time": "measured when `make run` evaluated 8 windows per dataset; it now evaluates 16, so today's run "
                 "takes longer",
-    "privacy-dp-utility": "the row 'Wanda on public text only' used held-out C4 documents that are also C4 "
-                          "evaluation documents; the workflow now draws public text from the calibration documents "
-                          "and the committed table was not rerun",
     "domain": "its DP rows are at 4 × 8 private windows and predate the posterior estimator; the distributed "
               "mechanism's current results are the runs at n = 512 and n = 1024",
 }
