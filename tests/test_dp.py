@@ -235,6 +235,10 @@ def test_dp_report_checks_audited_against_proven(tiny_model_dir, tmp_path):
     lb = audit["attack"]["epsilon_lr1"]["epsilon_lb"]
     assert rows["3"]["audited ε LB (LR=1)"] == ("-" if lb is None else f"{lb:.2f}")
     assert rows["3"]["WikiText-2 ppl"] == "13.00" and rows["∞ (no DP)"]["audit ≤ proven"] == "-"
+    # the guarantee as the mask file records it: a span, noise from the OS, a per-client mechanism
+    guarantee = next(line for line in (tmp_path / "privacy_dp.md").read_text().splitlines() if "x_dp" in line)
+    assert "protected unit one span (at most 1 window each)" in guarantee and "noise secret" in guarantee
+    assert "simulation" not in guarantee and "leaves its ε unchanged" in guarantee
     audit["attack"]["epsilon_lr1"]["epsilon_lb"] = 3.5
     (tmp_path / "3.membership").write_text(json.dumps(audit))
     assert table()["3"]["audit ≤ proven"] == "NO"
@@ -279,8 +283,16 @@ def test_dp_utility_table_against_its_inputs(tiny_model_dir, tmp_path):
                         "randomized_response": {"records": {"2": str(record)}, "evals": {"2": result("rr", 900.0)},
                                                 "clients": 3},
                         "dense_eval": result("dense", 30.0)}}
+    # one DP row with seeded noise: the table says it is a simulation
+    seeded = str(tmp_path / "seeded.mask")
+    assert main(["client-mask", "--model", str(tiny_model_dir), "--calib", str(calib), "--dp-epsilon", "3",
+                 "--dp-delta", "1e-5", "--dp-clip", "1", "--dp-noise-seed", "4", "--dp-allow-seeded-noise",
+                 "--out", seeded]) == 0
+    federations[1]["settings"]["3"]["client_mask"] = seeded
     paths = dp_utility_table(spec)
     assert paths[-1].suffix == ".png" and paths[-1].stat().st_size > 0
+    guarantee = next(line for line in paths[0].read_text().splitlines() if "x_dp" in line)
+    assert "noise seeded (simulation: not private" in guarantee
     rows = [r for r in csv.reader((tmp_path / "privacy_dp_utility.csv").open()) if len(r) == 6][1:]
     assert [(r[2], r[4], r[5]) for r in rows] == [
         ("-", "30.00", "-"), ("∞", "40.00", "1×"), ("3", "90.00", f"{90 / 40:.3g}×"),

@@ -31,13 +31,14 @@ def dp_table(spec: dict) -> list[Path]:
     "membership"}}} (ε "inf": the same clients without DP)."""
     from fedlib.maskfile import read_header
 
-    rows, first_eval, first_mia = [], None, None
+    rows, first_eval, first_mia, guarantees = [], None, None, []
     for eps in sorted(spec["settings"], key=_eps_key, reverse=True):
         files = spec["settings"][eps]
         header = read_header(Path(files["client_mask"]))
         ev, mia = _load(files["eval"]), _load(files["membership"])
         first_eval, first_mia = first_eval or ev, first_mia or mia
         dp = json.loads(header.extra["dp"]) if "dp" in header.extra else None
+        guarantees += [dp] if dp else []
         attack = mia["attack"]
         audited = [attack["epsilon_lr1"].get("epsilon_lb"), attack["epsilon_split"].get("epsilon_lb")]
         known = [a for a in audited if a is not None]
@@ -69,6 +70,7 @@ def dp_table(spec: dict) -> list[Path]:
         f"{first_mia['seqlen']} tokens, {first_mia.get('pairs', '?')} shadow pairs each), each mask with its own "
         "noise; its ε lower bounds at the mechanism's δ (LR = 1 threshold; split threshold) must not exceed the "
         "proven ε (column 'audit ≤ proven'). The proven ε there is the accountant's over those blocks' releases.",
+        *([guarantee_line(guarantees)] if guarantees else []),
         "Ceiling: the largest bound any attack, however strong, could show with the audit's counts "
         "(fedlib.privacy.membership.epsilon_ceiling: a perfect attack's TPR = 1, FPR = 0 under the same "
         "Clopper–Pearson construction). Where it is below the proven ε ('audit can fail': no), 'audit ≤ proven' "
@@ -83,6 +85,35 @@ def dp_table(spec: dict) -> list[Path]:
                            header_lines, columns, rows)
     tables += release_audit_table(spec, first_eval.get("model_fingerprint")) if "release_audit" in spec else []
     return tables + (dp_utility_table(spec) if "utility" in spec else [])
+
+
+def _unit(header: dict) -> str:
+    from fedlib.dp.unit import WINDOW
+
+    kind, k = header.get("unit", WINDOW), int(header.get("windows_per_unit", 1))
+    if kind == WINDOW:
+        return ("one calibration window (the audit's unit: windows drawn at random offsets overlap, so it protects "
+                "no sentence, document or span; fedlib.dp.unit)")
+    return f"one {kind} (at most {k} window{'' if k == 1 else 's'} each)"
+
+
+def guarantee_line(headers: list[dict]) -> str:
+    """What the DP rows' mask files record (their ``x_dp``): the protected unit, where the noise
+    came from (seeded: "simulation: not private") and the trust model their ε holds under."""
+    from fedlib.dp.accountant import trust_model
+    from fedlib.dp.samplers import SEEDED, SIMULATION_LABEL
+
+    units = sorted({_unit(h) for h in headers})
+    seeded = any(h.get("noise") == SEEDED for h in headers)
+    noise = (f"seeded ({SIMULATION_LABEL}: the table's clients seed their noise so that it repeats, and anyone "
+             "can regenerate it; a site's `fedlib client-mask` draws it from the OS's cryptographic source)"
+             if seeded else "secret (the OS's cryptographic source)")
+    dropout = {trust_model(h)["one_dropout"] == h["epsilon"] for h in headers}
+    trust = ("a client's own noise protects its mask: a client dropping out or a coordinator colluding with other "
+             "clients leaves its ε unchanged" if dropout == {True} else "see fedlib.dp.accountant.trust_model")
+    return (f"Guarantee as the DP mask files record it (x_dp): protected unit {', '.join(units)}, replace-one "
+            f"neighbours; noise {noise}. Trust model: honest-but-curious coordinator, all clients honest; {trust} "
+            "(fedlib.dp.accountant.trust_model).")
 
 
 #: the release audit's mechanisms as its table names them
@@ -156,7 +187,7 @@ def dp_utility_table(spec: dict) -> list[Path]:
     public = _load(u["public"]["eval"])
     public_header = read_header(Path(u["public"]["mask"]))
     rows = [["Dense (no pruning)", "-", "-", "-", fmt_ppl(ppl(dense)), "-"]]
-    curves = []  # (label, [(ε, ppl)]) for the plot
+    curves, guarantees = [], []  # (label, [(ε, ppl)]) for the plot; the DP rows' x_dp
     for fed in u["federations"]:
         size = f"{fed['clients']} × {fed['samples']} × {seqlen} ({fed['data']})"
         points, plain = [], None
@@ -164,6 +195,7 @@ def dp_utility_table(spec: dict) -> list[Path]:
             files = fed["settings"][eps]
             header = read_header(Path(files["client_mask"]))
             dp = json.loads(header.extra["dp"]) if "dp" in header.extra else None
+            guarantees += [dp] if dp else []
             if (dp is None) != (_eps_key(eps) == math.inf) or (dp and dp["epsilon"] != _eps_key(eps)):
                 raise ValueError(f"{files['client_mask']}: the mask file proves ε={dp and dp['epsilon']}, "
                                  f"the table expects ε={eps}")
@@ -199,6 +231,7 @@ def dp_utility_table(spec: dict) -> list[Path]:
         "beats this row.",
         "Randomized response flips each uploaded mask bit (privacy_defence, the setting's clients): its per-bit ε "
         "composes to the ε shown over a client's whole mask, the only sample-level guarantee it gives.",
+        *([guarantee_line(guarantees)] if guarantees else []),
         f"Perplexity: {DATASET_TITLES.get(ds, ds)}, {win['windows']} of {win['total_windows']} windows × "
         f"{win['seqlen']} tokens (the Table 1 evaluation windows); last column: against the same federation "
         "without DP.",
