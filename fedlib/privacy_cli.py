@@ -659,7 +659,8 @@ def _cmd_report_tables(args) -> None:
 
 COMMANDS = {
     "entropy": _cmd_entropy, "similarity": _cmd_similarity, "sensitivity": _cmd_sensitivity,
-    "membership": _cmd_membership, "release-audit": _cmd_release_audit, "membership-shared": _cmd_membership_shared, "secagg": _cmd_secagg,
+    "membership": _cmd_membership, "release-audit": _cmd_release_audit, "membership-shared": _cmd_membership_shared,
+    "secagg": _cmd_secagg,
     "inversion": _cmd_inversion, "rr-aggregate": _cmd_rr_aggregate,
     "attribute": _cmd_attribute, "inversion-client": _cmd_inversion_client, "dp-federation": _cmd_dp_federation,
     "domain-report": _cmd_domain_report, "dp-headroom": _cmd_dp_headroom, "headroom-report": _cmd_headroom_report,
