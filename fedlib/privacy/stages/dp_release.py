@@ -59,13 +59,14 @@ CHUNK = 2048
 
 
 def release_audit(model, population: torch.Tensor, dp, trials: int = 20000, blocks: int | None = None,
-                  confidence: float = 0.95, seed: int = 0, noise=None) -> dict:
+                  confidence: float = 0.95, seed: int = 0, noise=None, inputs: torch.Tensor | None = None) -> dict:
     """The white-box audit of the first block's attention-input release (module docstring) of the
     DP client ``dp`` (a :class:`fedlib.dp.gaussian.DPTarget`, or the broken control), accounted
     over ``blocks`` (``None``: every block, the released mechanism's guarantee), its noise from
     ``noise`` (a :class:`fedlib.dp.samplers.NoiseSource`; default seeded by ``seed``, so the
     audit repeats). The neighbours: the two ``population`` rows whose clipped statistics are
-    farthest apart."""
+    farthest apart. ``inputs``: :func:`attention_inputs` of ``population``, where the caller
+    audits several mechanisms on the same rows (one forward pass for all)."""
     from fedlib.dp.gaussian import clipped_sample_sum, gaussian_epsilon, noisy_release
     from fedlib.dp.samplers import NoiseSource, derive_seed
     from fedlib.models import prunable_layers
@@ -75,7 +76,7 @@ def release_audit(model, population: torch.Tensor, dp, trials: int = 20000, bloc
         raise ValueError(f"a release audit needs at least 4 trials per world, got {trials}")
     names = [info.name for info in prunable_layers(model) if blocks is None or info.block < blocks]
     guarantee = dp.guarantee(names)
-    inputs = attention_inputs(model, population)
+    inputs = attention_inputs(model, population) if inputs is None else inputs
     vectors = torch.stack([clipped_sample_sum(inputs[i:i + 1], guarantee.clip) for i in range(inputs.shape[0])])
     distances = torch.cdist(vectors, vectors)
     t, o = divmod(int(torch.argmax(distances)), distances.shape[0])
@@ -105,9 +106,10 @@ def release_audit(model, population: torch.Tensor, dp, trials: int = 20000, bloc
     audit = audit_epsilon(members[half:], nonmembers[half:], confidence, guarantee.delta, threshold=threshold)
     evaluated = (audit["tp"] + audit["fn"], audit["fp"] + audit["tn"])
     # what this release really costs the pair: one Gaussian of sensitivity `shift` and the noise std it
-    # draws with (the clamp at 0 is post-processing); unbounded where the source draws only zeros
-    probe = noise.normal((64,), "release-audit", "probe")
-    pair_epsilon = gaussian_epsilon(guarantee.noise_std / shift, 1, guarantee.delta) if probe.abs().sum() > 0 else None
+    # draws with (the clamp at 0 is post-processing); unbounded where the source drew only zeros (every
+    # non-member release the same)
+    silent = np.ptp(nonmembers) == 0
+    pair_epsilon = None if silent else gaussian_epsilon(guarantee.noise_std / shift, 1, guarantee.delta)
     return {
         "analysis": "dp_release", "claimed": {"epsilon": guarantee.epsilon, "delta": guarantee.delta},
         "guarantee": guarantee.header(), "release": "decoder block 0, attention input",
@@ -137,7 +139,7 @@ def release_audit_with_controls(model, population: torch.Tensor, epsilons, delta
     from fedlib.dp.gaussian import DPTarget
     from fedlib.privacy.control import NoNoise, UnderstatedSensitivity
 
-    rows = []
+    rows, inputs = [], attention_inputs(model, population)
     for epsilon in sorted({float(e) for e in epsilons}):
         mechanisms = {"honest": (DPTarget(epsilon, delta, clip), None),
                       "understated": (UnderstatedSensitivity(epsilon, delta, clip, factor=factor), None),
@@ -145,7 +147,7 @@ def release_audit_with_controls(model, population: torch.Tensor, epsilons, delta
         for name in MECHANISMS:
             dp, noise = mechanisms[name]
             result = release_audit(model, population, dp, trials=trials, confidence=confidence, seed=seed,
-                                   noise=noise)
+                                   noise=noise, inputs=inputs)
             bound, ceiling, exact = result["audit"]["epsilon_lb"], result["ceiling"], result["pair_epsilon"]
             if ceiling <= epsilon:
                 verdict = "cannot fail"
