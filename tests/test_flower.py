@@ -38,7 +38,8 @@ class LocalGrid:
     node's Context (node config; state kept across messages as a SuperNode keeps it).
     ``tamper(node, message, reply)`` may replace a reply, or return None: no answer, ever;
     ``meddle(node, message)`` may replace what the coordinator sends (an active coordinator).
-    ``received`` is every reply the coordinator got (what the server holds), ``sent`` every
+    ``received`` is every reply the coordinator got (what the server holds; an upload's first
+    reply without its chunk once the coordinator wrote it), ``sent`` every
     message as the site got it, ``answered`` each (message, reply) pair. ``ledgers``: the
     folder of the sites' contribution ledgers, ``<client id>.ledger.json`` (default a new one:
     sites that have contributed nothing yet) unless a node config names its own."""
@@ -55,12 +56,16 @@ class LocalGrid:
         #: the coordinator's roster: the sites' own (a test may give another)
         self.roster = roster or next(iter(sites.values()))["roster"]
         ledgers = Path(ledgers or tempfile.mkdtemp(prefix="ledgers-"))
+        spools = Path(tempfile.mkdtemp(prefix="spools-"))  # each grid's own: tests may run side by side
         self.contexts = {1000 + i: Context(run_id=1, node_id=1000 + i, state=RecordDict(), run_config={},
-                                           node_config={"ledger": str(ledgers / f"{cid}.ledger.json"), **config})
+                                           node_config={"ledger": str(ledgers / f"{cid}.ledger.json"),
+                                                        "spool": str(spools / cid), **config})
                          for i, (cid, config) in enumerate(sites.items())}
         self.tamper, self.fail_from, self.meddle = tamper, fail_from, meddle
         self.inbox: dict[str, Message] = {}
         self.received: list[Message] = []
+        self.reply_bytes: list[int] = []  # each reply's payload bytes when the coordinator got it
+        self.payloads: list[dict] = []  # each reply's records when the coordinator got it
         self.sent: list[Message] = []
         self.answered: list[tuple[Message, Message]] = []
 
@@ -94,6 +99,9 @@ class LocalGrid:
             if self.tamper is not None:
                 reply = self.tamper(node, message, reply)
             if reply is not None:
+                if reply.has_content():
+                    self.reply_bytes.append(wire.declared_bytes(reply.content))
+                    self.payloads.append(dict(reply.content))
                 self.received.append(reply)
                 self.answered.append((message, reply))
                 replies.append(reply)
@@ -143,10 +151,13 @@ def cli_client_masks(sites, folder: Path, *extra, names=SITES) -> list[Path]:
     return paths
 
 
-@pytest.mark.parametrize("group,version", [("layer", 1), ("row", 2), ("column", 1)])
-def test_one_shot_equals_the_file_protocol_byte_for_byte(sites, tmp_path, group, version):
+@pytest.mark.parametrize("group,version,chunk", [("layer", 1, 4 << 20), ("row", 2, 4 << 20), ("column", 1, 4 << 20),
+                                                 ("layer", 1, 1024)])
+def test_one_shot_equals_the_file_protocol_byte_for_byte(sites, tmp_path, group, version, chunk):
+    """Also with uploads pulled in chunks of 1 KiB (several per file): the same files, and no
+    reply the coordinator took carried more than a chunk of payload and its small records."""
     grid = LocalGrid(sites)
-    state = federate(grid, tmp_path / "fl", group=group, **{"format-version": version})
+    state = federate(grid, tmp_path / "fl", group=group, **{"format-version": version, "chunk-bytes": chunk})
     assert state["status"] == "completed" and len(state["rounds"]) == 1 and state["rounds"][0]["absent"] == []
     files = cli_client_masks(sites, tmp_path / "cli", "--format-version", version)
     for path in files:  # each site's upload, as the coordinator wrote it on arrival
@@ -155,7 +166,11 @@ def test_one_shot_equals_the_file_protocol_byte_for_byte(sites, tmp_path, group,
     assert (tmp_path / "fl" / "global.mask.safetensors").read_bytes() == \
         (tmp_path / "cli.global.safetensors").read_bytes()
     record = state["rounds"][0]
-    assert record["bytes_up"] == sum(p.stat().st_size for p in files)
+    assert record["bytes_up"] == sum(p.stat().st_size + 32 for p in files)  # each file and its SHA-256
+    chunks = [m for m in grid.sent if m.metadata.message_type == wire.UPLOAD_CHUNK]
+    assert len(chunks) == sum(-(-p.stat().st_size // chunk) - 1 for p in files)
+    # the largest reply: an upload's first (its first chunk and the file's SHA-256)
+    assert max(grid.reply_bytes) == min(chunk, max(p.stat().st_size for p in files)) + 32
 
 
 def test_iterative_equals_the_file_protocol_round_by_round(sites, tmp_path):
@@ -204,8 +219,8 @@ def _plain_layers(files: list[Path]) -> list[bytes]:
 def _received_bytes(grid: LocalGrid) -> bytes:
     """Every byte of every reply the coordinator got: arrays' data and config values."""
     chunks = []
-    for reply in grid.received:
-        for record in reply.content.values():
+    for payload in grid.payloads:
+        for record in payload.values():
             for value in record.values():
                 if hasattr(value, "data"):
                     chunks.append(value.data)
@@ -216,9 +231,10 @@ def _received_bytes(grid: LocalGrid) -> bytes:
     return b"\0".join(chunks)
 
 
-def test_secure_aggregation_gives_the_same_global_file_and_the_server_no_mask(sites, tmp_path):
+@pytest.mark.parametrize("chunk", [4 << 20, 1024])
+def test_secure_aggregation_gives_the_same_global_file_and_the_server_no_mask(sites, tmp_path, chunk):
     grid = LocalGrid(sites)
-    state = federate(grid, tmp_path / "fl", secagg=True)
+    state = federate(grid, tmp_path / "fl", secagg=True, **{"chunk-bytes": chunk})
     files = cli_client_masks(sites, tmp_path / "cli")
     cli("aggregate", "--model", MODEL, "--out", tmp_path / "cli.global.safetensors", *files)
     assert (tmp_path / "fl" / "global.mask.safetensors").read_bytes() == \
@@ -229,10 +245,32 @@ def test_secure_aggregation_gives_the_same_global_file_and_the_server_no_mask(si
     assert not any(layer in received for layer in plain)  # ... and no site's mask, of any layer
     kinds = {reply.metadata.message_type for reply in grid.received}
     assert kinds == {wire.HELLO, wire.SECAGG_KEYS, wire.SECAGG_SHARES, wire.SECAGG_UPLOAD, wire.SECAGG_CONFIRM,
-                     wire.SECAGG_REVEAL}
+                     wire.SECAGG_REVEAL} | ({wire.UPLOAD_CHUNK} if chunk == 1024 else set())
     assert not list((tmp_path / "fl").rglob("*.mask.safetensors")) == [] and \
         sorted(p.name for p in (tmp_path / "fl").rglob("*.mask.safetensors")) == ["global.mask.safetensors"] * 2
     assert state["rounds"][0]["secagg_threshold"] == 2
+
+
+def test_secure_aggregation_an_upload_not_laid_out_as_the_rounds_words_is_refused(sites, tmp_path):
+    """hospital-b's masked upload with its header altered (its metadata's client id another
+    site's, the file's size unchanged): refused by name at the header check, the round goes on
+    with the other two (the threshold) and gives their plain aggregate."""
+    def relabelled(node, message, reply):
+        if message.metadata.message_type == wire.SECAGG_UPLOAD and node == 1001:
+            data = wire.file_bytes(reply.content, "chunk").replace(b"hospital-b", b"hospital-a", 1)
+            return Message(RecordDict({**reply.content, **_upload_reply(data, reply.content["metrics"],
+                                                                        message).content}), reply_to=message)
+        return reply
+
+    state = federate(LocalGrid(sites, tamper=relabelled), tmp_path / "fl", secagg=True)
+    (refusal,) = state["refused"]
+    assert refusal["client_id"] == "hospital-b" and refusal["field"] == "header"
+    assert state["rounds"][0]["clients"] == ["hospital-a", "hospital-c"]
+    assert not list((tmp_path / "fl").rglob("hospital-b.*"))
+    files = cli_client_masks(sites, tmp_path / "cli", names=["hospital-a", "hospital-c"])
+    cli("aggregate", "--model", MODEL, "--out", tmp_path / "cli.global.safetensors", *files)
+    ours, cli_global = MaskFile(tmp_path / "fl" / "global.mask.safetensors"), MaskFile(tmp_path / "cli.global.safetensors")
+    assert all(torch.equal(a, b) for a, b in zip(ours.masks().values(), cli_global.masks().values()))
 
 
 def test_secure_aggregation_survives_a_dropout(sites, tmp_path):
@@ -447,12 +485,19 @@ def _empty_coded_layer(data: bytes) -> bytes:
     return head + b"".join(chunks[k] for k in sorted(chunks))
 
 
+def _upload_reply(data: bytes, metrics, message: Message) -> Message:
+    """An upload step's reply offering ``data`` (whole, in its first chunk) as the site's file."""
+    import hashlib
+
+    return Message(RecordDict({"upload": ConfigRecord({"size": len(data), "sha256": hashlib.sha256(data).digest()}),
+                               "chunk": wire.file_record(data), "metrics": metrics}), reply_to=message)
+
+
 def test_a_hostile_upload_is_refused_by_name_and_field_while_the_others_aggregate(sites, tmp_path):
     def hostile(node, message, reply):
         if message.metadata.message_type == wire.TRAIN_MASK and node == 1001:
-            bad = _empty_coded_layer(wire.file_bytes(reply.content, "upload"))
-            return Message(RecordDict({"upload": wire.file_record(bad), "metrics": reply.content["metrics"]}),
-                           reply_to=message)
+            bad = _empty_coded_layer(wire.file_bytes(reply.content, "chunk"))
+            return _upload_reply(bad, reply.content["metrics"], message)
         return reply
 
     state = federate(LocalGrid(sites, tamper=hostile), tmp_path / "fl", **{"format-version": 2})
@@ -476,10 +521,9 @@ def test_an_upload_under_another_client_id_is_refused(sites, tmp_path):
     def impostor(node, message, reply):
         if message.metadata.message_type == wire.TRAIN_MASK:
             if node == 1000:
-                taken["a"] = reply
+                taken["a"] = wire.file_bytes(reply.content, "chunk")
             elif node == 1002:
-                return Message(RecordDict({"upload": taken["a"].content["upload"],
-                                           "metrics": reply.content["metrics"]}), reply_to=message)
+                return _upload_reply(taken["a"], reply.content["metrics"], message)
         return reply
 
     state = federate(LocalGrid(sites, tamper=impostor), tmp_path / "fl")
@@ -673,9 +717,10 @@ def test_every_upload_path_stays_in_its_round_folder(sites, tmp_path):
 
 def test_an_oversized_reply_is_refused_by_its_declared_size_before_its_payload_is_read(sites, tmp_path,
                                                                                       monkeypatch):
-    """hospital-b's reply declares a 2**40-byte file (its payload a few bytes): refused by the
-    declaration, its payload never read (wire.raw_bytes), nothing of it written; the others
-    aggregate."""
+    """hospital-b's reply declares a 2**40-byte chunk (its payload a few bytes), hospital-c's
+    manifest a 2**40-byte file (its chunk honest): each is refused by the declaration, the first
+    before its payload is read (wire.raw_bytes), the second before any further chunk is asked
+    for; nothing of either is written, hospital-a aggregates."""
     from flwr.app import Array, ArrayRecord
 
     read, raw_bytes = [], wire.raw_bytes
@@ -685,16 +730,63 @@ def test_an_oversized_reply_is_refused_by_its_declared_size_before_its_payload_i
     def oversized(node, message, reply):
         if message.metadata.message_type == wire.TRAIN_MASK and node == 1001:
             huge = Array(dtype="uint8", shape=(1 << 40,), stype=wire.FILE_STYPE, data=b"\0" * 8)
-            return Message(RecordDict({"upload": ArrayRecord(array_dict={wire.FILE_KEY: huge}),
-                                       "metrics": reply.content["metrics"]}), reply_to=message)
+            return Message(RecordDict({"upload": reply.content["upload"], "chunk": ArrayRecord(array_dict={
+                wire.FILE_KEY: huge}), "metrics": reply.content["metrics"]}), reply_to=message)
+        if message.metadata.message_type == wire.TRAIN_MASK and node == 1002:
+            manifest = ConfigRecord({**reply.content["upload"], "size": 1 << 40})
+            return Message(RecordDict({**reply.content, "upload": manifest}), reply_to=message)
         return reply
 
-    state = federate(LocalGrid(sites, tamper=oversized), tmp_path / "fl")
+    grid = LocalGrid(sites, tamper=oversized)
+    state = federate(grid, tmp_path / "fl", **{"chunk-bytes": 1024}, **{"min-clients": 1})
+    b, c = state["refused"]
+    assert b["client_id"] == "hospital-b" and f"declares {(1 << 40) + 32} payload bytes" in b["reason"]
+    assert (1 << 40,) not in read
+    assert c["client_id"] == "hospital-c" and c["field"] == "size" and f"{1 << 40} bytes" in c["reason"]
+    assert not [m for m in grid.sent if m.metadata.message_type == wire.UPLOAD_CHUNK and m.metadata.dst_node_id != 1000]
+    assert not [p for p in (tmp_path / "fl").rglob("*") if "hospital-b" in p.name or "hospital-c" in p.name]
+    assert state["rounds"][0]["clients"] == ["hospital-a"]
+
+
+@pytest.mark.parametrize("tamper", ["flip", "short"])
+def test_a_chunk_that_is_not_the_declared_file_is_refused_and_nothing_of_it_kept(sites, tmp_path, tamper):
+    """hospital-b's second chunk has one byte flipped (its file then misses the digest it
+    declared) or is a byte short of the range asked: refused, no file or part file of it left
+    in the round's folder, the others aggregate."""
+    def corrupt(node, message, reply):
+        if message.metadata.message_type == wire.UPLOAD_CHUNK and node == 1001 \
+                and message.content["chunk"]["offset"] == 1024:
+            data = bytearray(wire.file_bytes(reply.content, "chunk"))
+            data = data[:-1] if tamper == "short" else data[:7] + bytes([data[7] ^ 1]) + data[8:]
+            return Message(RecordDict({"chunk": wire.file_record(bytes(data))}), reply_to=message)
+        return reply
+
+    state = federate(LocalGrid(sites, tamper=corrupt), tmp_path / "fl", **{"chunk-bytes": 1024})
     (refusal,) = state["refused"]
-    assert refusal["client_id"] == "hospital-b" and f"declares {1 << 40} payload bytes" in refusal["reason"]
-    assert len(read) == 2 and (1 << 40,) not in read  # the two accepted files were read, not this one
-    assert not list((tmp_path / "fl").rglob("hospital-b.*"))
+    assert refusal["client_id"] == "hospital-b"
+    assert refusal["field"] == {"flip": "sha256", "short": "file"}[tamper]
+    assert not [p for p in (tmp_path / "fl").rglob("*") if "hospital-b" in p.name]
     assert state["rounds"][0]["clients"] == ["hospital-a", "hospital-c"]
+
+
+@pytest.mark.parametrize("request_,field", [({"kind": "../../roster"}, "kind"), ({"round": -1}, "round"),
+                                            ({"round": 7}, "round"), ({"offset": 1 << 40}, "offset"),
+                                            ({"offset": -1}, "offset"), ({"length": 1 << 40}, "length"),
+                                            ({"length": 0}, "length")])
+def test_a_site_serves_only_ranges_of_its_own_latest_upload(sites, tmp_path, request_, field):
+    """After a federation, chunk requests naming another kind of file, another round, a range
+    outside the upload or a chunk size a site does not serve are refused by field; the honest
+    request gives the file's bytes."""
+    grid = LocalGrid(sites)
+    federate(grid, tmp_path / "fl")
+    (upload,) = [m for m in grid.sent if m.metadata.message_type == wire.TRAIN_MASK and m.metadata.dst_node_id == 1000]
+    honest = {"round": 0, "kind": "mask", "offset": 0, "length": 1 << 20}
+    ask = lambda request: client_app.app(_secagg_message(1000, wire.UPLOAD_CHUNK, RecordDict(
+        {"chunk": ConfigRecord(request)}), upload), grid.contexts[1000])
+    data = wire.file_bytes(ask(honest).content, "chunk")
+    assert data == (tmp_path / "fl" / "round-000" / "hospital-a.mask.safetensors").read_bytes()
+    with pytest.raises(wire.WireError, match=f"key {field!r}"):
+        ask({**honest, **request_})
 
 
 @pytest.mark.parametrize("metrics,key", [({"seconds": 1.0}, "peak-rss-mib"),

@@ -20,7 +20,10 @@ secure-aggregation secrets stay in the SuperNode's ``context.state``.
 * ``train.weights``: its FedSpaLLM weight file (:func:`fedlib.uploads.write_client_weights`);
 * ``train.secagg_keys`` / ``_shares`` / ``_upload`` / ``_confirm`` / ``_reveal``: the five steps
   of :mod:`fedlib.server.secagg` against an active server; the upload is the mask file's
-  layers, masked.
+  layers, masked (a file of k-bit words).
+* ``query.upload_chunk``: the next range of the site's latest upload. An upload step answers
+  with the file's size, digest and first chunk only; the file waits in the site's spool (node
+  config ``spool``, :mod:`fedlib_flower.transfer`) and the coordinator pulls the rest.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlib_flower import wire
@@ -111,6 +114,20 @@ def _pruning(plan: dict):
                    plan["batch-size"])
 
 
+def _offer(context: Context, site: Site, message: Message, path: Path, kind: str, round_index: int,
+           **records) -> Message:
+    """The upload step's reply: ``path`` kept in the site's spool, its manifest and first chunk
+    (the chunk size the coordinator asks for, within what a site serves), and ``records``."""
+    from fedlib_flower.transfer import TRANSFER, Spool, check_chunk
+
+    chunk = check_chunk("transfer", wire.config(message.content, "transfer", TRANSFER)["chunk-bytes"])
+    content = Spool.of_site(context.node_config, site.public_key).offer(path, message.metadata.run_id, round_index,
+                                                                        kind, chunk)
+    for name, record in records.items():
+        content[name] = record
+    return Message(content, reply_to=message)
+
+
 def _mask_file(site: Site, message: Message, folder: Path) -> Path:
     """This site's mask file for the plan in ``message`` (what ``fedlib client-mask`` writes)."""
     from fedlib.uploads import write_client_mask
@@ -141,9 +158,10 @@ def hello(message: Message, context: Context) -> Message:
 def train_mask(message: Message, context: Context) -> Message:
     start = time.perf_counter()
     site = Site(context)
+    round_index = wire.config(message.content, "plan", PLAN)["round"]
     with tempfile.TemporaryDirectory() as tmp:
-        data = _mask_file(site, message, Path(tmp)).read_bytes()
-    return Message(RecordDict({"upload": wire.file_record(data), "metrics": _metrics(start)}), reply_to=message)
+        return _offer(context, site, message, _mask_file(site, message, Path(tmp)), "mask", round_index,
+                      metrics=_metrics(start))
 
 
 @app.train("weights")
@@ -158,8 +176,19 @@ def train_weights(message: Message, context: Context) -> Message:
         write_client_weights(site.handle, site.ids, out, _pruning(plan), blocks=plan["blocks"],
                              client_id=site.client_id, round_index=plan["round"], weight_dtype=plan["weight-dtype"],
                              global_weights=_previous(message, Path(tmp)))
-        data = out.read_bytes()
-    return Message(RecordDict({"upload": wire.file_record(data), "metrics": _metrics(start)}), reply_to=message)
+        return _offer(context, site, message, out, "weights", plan["round"], metrics=_metrics(start))
+
+
+@app.query("upload_chunk")
+def upload_chunk(message: Message, context: Context) -> Message:
+    """A range of this site's latest upload (its spool; nothing else of the site can be named)."""
+    from fedlib_flower.roster import load_signing_key, raw_public_key
+    from fedlib_flower.transfer import REQUEST, Spool
+
+    request = wire.config(message.content, "chunk", REQUEST)
+    key = raw_public_key(load_signing_key(str(context.node_config["signing-key"])).public_key())
+    data = Spool.of_site(context.node_config, key).chunk(message.metadata.run_id, request)
+    return Message(RecordDict({"chunk": wire.file_record(data)}), reply_to=message)
 
 
 # --------------------------------------------------------------------------- secure aggregation
@@ -241,10 +270,14 @@ def secagg_upload(message: Message, context: Context) -> Message:
     """Step 3: take the shares sent to this site (naming the senders whose shares do not
     decrypt), open the round's one upload for the plan signed at step 1, record it in the site's
     ledger (refused if this site contributed the same plan before, in any run), compute its mask
-    file and upload each layer masked (k-bit words, :func:`fedlib.server.secagg.pack_words`)
-    with the file's cohort fields."""
+    file and upload each layer masked (k-bit words, :func:`fedlib.server.secagg.pack_words`, in
+    the file :func:`fedlib_flower.transfer.words_layout` lays out) with the file's cohort fields."""
+    import torch
+
+    from fedlib.io import SafetensorsWriter
     from fedlib.maskfile import MaskFile
     from fedlib.server.secagg import ContributionLedger, pack_words, plan_digest
+    from fedlib_flower.transfer import words_layout
 
     start = time.perf_counter()
     site = Site(context)
@@ -256,19 +289,22 @@ def secagg_upload(message: Message, context: Context) -> Message:
     client.begin_upload(plan_digest(plan))
     _keep_secagg_state(context, client)  # before any word leaves: a second upload is refused
     ContributionLedger(Path(site.ledger)).admit(site.contribution(plan), str(message.metadata.run_id), dp=False)
-    words = {}
     with tempfile.TemporaryDirectory() as tmp:
         upload = MaskFile(_mask_file(site, message, Path(tmp)))
-        for layer in upload.header.layers:
-            name = layer["name"]
-            words[name] = wire.raw_array(pack_words(client.masked_upload(name, upload.layer_mask(name)), client.bits))
         h = upload.header
+        numel = {layer["name"]: layer["shape"][0] * layer["shape"][1] for layer in h.layers}
+        declared, metadata = words_layout(numel, client.bits, site.client_id)
+        words = Path(tmp) / "masked.safetensors"
+        with SafetensorsWriter(words, declared) as writer:
+            for name in numel:
+                data = pack_words(client.masked_upload(name, upload.layer_mask(name)), client.bits)
+                writer.add(name, torch.frombuffer(bytearray(data), dtype=torch.uint8))
+            writer.close(metadata)
         cohort = {"client-id": h.client_id, "method": h.method, "group": h.group, "sparsity": h.sparsity,
                   "allocation": h.allocation, "n-samples": h.n_samples}
-    _keep_secagg_state(context, client)
-    return Message(RecordDict({"masked": ArrayRecord(array_dict=words), "cohort": ConfigRecord(cohort),
-                               "complaints": ConfigRecord({"senders": complaints}), "metrics": _metrics(start)}),
-                   reply_to=message)
+        _keep_secagg_state(context, client)
+        return _offer(context, site, message, words, "secagg", step["round"], cohort=ConfigRecord(cohort),
+                      complaints=ConfigRecord({"senders": complaints}), metrics=_metrics(start))
 
 
 @app.train("secagg_confirm")

@@ -4,9 +4,12 @@ A federation: wait for the sites; ``query.hello`` gives each node the client id 
 (run config ``roster``, :mod:`fedlib_flower.roster`) has for the Ed25519 key it proves it holds,
 and checks its model fingerprint; then each round of the strategy (one-shot FedPrLLM: 1;
 iterative: one per block; FedSpaLLM: T) goes out and comes back one reply at a time, each pulled
-alone and refused by its declared size before its payload is read. Every upload is written to
-``out/round-NNN/<client id>.<kind>.safetensors`` as it arrives (the path checked to stay in that
-folder) and read there with fedlib's strict reader, layer by layer: a file that is not exactly
+alone and refused by its declared size before its payload is read. An upload comes a chunk at a
+time (:mod:`fedlib_flower.transfer`: its declared size checked before the second chunk is asked
+for, its digest at the end), written to ``out/round-NNN/<client id>.<kind>.safetensors`` (the
+path checked to stay in that folder), so the coordinator holds one chunk of one reply at a time,
+whatever the uploads' size; then read there with fedlib's strict reader, layer by layer: a file
+that is not exactly
 what fedlib writes for content the protocol allows, or whose ``client_id`` is not its node's, is
 refused (moved to ``refused/``, named with its field in ``federation.json``) while the others
 aggregate; so is a reply whose metrics are malformed. The round's global file is what ``fedlib
@@ -40,6 +43,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from fedlib_flower import wire
 from fedlib_flower.settings import Settings
+from fedlib_flower.transfer import MANIFEST, Download
 
 #: what a site says in ``hello``
 HELLO = {"public-key": bytes, "signature": bytes, "fingerprint": str, "fedlib-version": str, "n-samples": int}
@@ -67,6 +71,17 @@ class Refusal:
 
     def as_dict(self) -> dict:
         return {"client_id": self.client_id, "reason": self.reason, "file": self.file, "field": self.field}
+
+
+@dataclass
+class Upload:
+    """What an upload step's replies bring: a file of ``kind`` for round ``round_index``, pulled
+    into ``folder`` a chunk at a time, of at most ``limit`` bytes."""
+
+    folder: Path
+    kind: str
+    round_index: int
+    limit: int
 
 
 @dataclass
@@ -107,33 +122,49 @@ class Coordinator:
     # ------------------------------------------------------------------ messages
 
     def exchange(self, outgoing: Mapping[int, tuple[str, RecordDict]], on_reply: Callable[[int, Message], None],
-                 group: str, limit: int = SMALL_REPLY, metrics: bool = False) -> Exchange:
+                 group: str, limit: int = SMALL_REPLY, metrics: bool = False, upload: Upload | None = None) -> Exchange:
         """Send each node its (message type, content), at most ``max_parallel`` in flight, and
         take the replies one at a time, pulled one by one as they arrive, until all have answered
         or the round's deadline passes. A reply that declares more than ``limit`` payload bytes is
         refused before its payload is read; with ``metrics`` its metrics record is checked first.
-        ``on_reply`` then sees it (and writes what it keeps to disk: no reply outlives its turn).
-        A reply that carries an error, or whose handling raises, is refused and logged, not fatal."""
+        With ``upload`` the replies bring a file, pulled a chunk at a time (each chunk a message
+        of at most ``chunk-bytes``; the node keeps its place among the ``max_parallel`` until its
+        file is whole). ``on_reply`` then sees the reply (its file, if any, in place; it writes
+        what it keeps to disk: no reply outlives its turn). A reply that carries an error, or
+        whose handling raises, is refused and logged, not fatal."""
         s = self.settings
         result, queue = Exchange(), list(outgoing.items())
         pending: dict[str, int] = {}
+        downloads: dict[int, tuple[Download, Message, dict | None]] = {}
         deadline = time.monotonic() + s.round_deadline
+
+        def push(node: int, kind: str, content: RecordDict) -> None:
+            message = Message(content, node, kind, group_id=group, ttl=s.round_deadline + TTL_MARGIN)
+            result.bytes_down += wire.declared_bytes(content)
+            for message_id in self.grid.push_messages([message]):
+                pending[message_id] = node
+
         parallel = s.max_parallel or len(queue)
         while queue or pending:
             while queue and len(pending) < parallel:
                 node, (kind, content) = queue.pop(0)
-                message = Message(content, node, kind, group_id=group, ttl=s.round_deadline + TTL_MARGIN)
-                result.bytes_down += wire.declared_bytes(content)
-                for message_id in self.grid.push_messages([message]):
-                    pending[message_id] = node
+                push(node, kind, content)
             if time.monotonic() > deadline:
                 break
             for message_id in list(pending):  # one reply in memory at a time
                 for reply in self.pull(message_id):
                     node = pending.pop(reply.metadata.reply_to_message_id, None)
-                    if node is not None:
+                    if node is None:
+                        continue
+                    if upload is None:
                         self.take(node, reply, on_reply, result, limit, metrics)
+                    else:
+                        ask = self.take_chunk(node, reply, on_reply, result, upload, downloads, metrics)
+                        if ask is not None:
+                            push(node, wire.UPLOAD_CHUNK, ask)
             time.sleep(POLL_SECONDS if pending else 0)
+        for download, _, _ in downloads.values():
+            download.abort()
         for node in pending.values():
             self.log(f"{self.clients.get(node, node)}: no answer within the round's deadline ({s.round_deadline} s)")
         for node, _ in queue:
@@ -180,6 +211,44 @@ class Coordinator:
         result.answered.append(node)
         if measured is not None:
             result.metrics[node] = measured
+
+    def take_chunk(self, node: int, reply: Message, on_reply: Callable[[int, Message], None], result: Exchange,
+                   upload: Upload, downloads: dict, metrics: bool) -> RecordDict | None:
+        """One reply of an upload step (:meth:`exchange`): the first gives the file's manifest
+        (its size checked against ``upload.limit`` before anything more is asked) and first chunk,
+        each next one a chunk. Returns the next chunk's request, or None once the file is whole
+        (``on_reply`` then sees the first reply, its chunk dropped) or the node refused."""
+        chunk = self.settings.chunk_bytes
+        if reply.has_error() or wire.declared_bytes(reply.content) > chunk + SMALL_REPLY:
+            if node in downloads:
+                downloads.pop(node)[0].abort()
+            self.take(node, reply, on_reply, result, chunk + SMALL_REPLY, False)  # refused by it
+            return None
+        result.bytes_up += wire.declared_bytes(reply.content)
+        try:
+            if node not in downloads:
+                measured = wire.metrics(reply.content) if metrics else None
+                manifest = wire.config(reply.content, "upload", MANIFEST)
+                path = self.upload_path(node, upload.folder, upload.kind)
+                downloads[node] = Download(path, manifest, upload.limit, upload.round_index, upload.kind, chunk), \
+                    reply, measured
+            download, first, measured = downloads[node]
+            download.add(reply.content)
+            reply.content.pop("chunk")  # on disk now: the first reply is kept without it
+            if not download.done:
+                return download.request()
+            del downloads[node]
+            download.finish()
+            on_reply(node, first)
+        except (wire.WireError, ValueError) as err:
+            if node in downloads:
+                downloads.pop(node)[0].abort()
+            self.refuse(node, str(err), getattr(err, "path", ""), getattr(err, "field", ""))
+            return None
+        result.answered.append(node)
+        if measured is not None:
+            result.metrics[node] = measured
+        return None
 
     def refuse(self, node: int, reason: str, file: str = "", field_name: str = "", client_id: str | None = None) -> None:
         refusal = Refusal(client_id or self.clients.get(node, f"node {node}"), reason, file, field_name)
@@ -321,22 +390,17 @@ class Coordinator:
             raise wire.WireError(kind, "client-id", f"{self.clients[node]!r} names a file outside {folder}")
         return path
 
-    def write_upload(self, node: int, folder: Path, kind: str, reply: Message) -> Path:
-        """Write a reply's file as it arrives (whole or absent); the name is the node's client id."""
-        from fedlib.io import atomic_path
-
-        path = self.upload_path(node, folder, kind)
-        with atomic_path(path) as tmp:
-            tmp.write_bytes(wire.file_bytes(reply.content, "upload"))
-        return path
-
-    def file_limit(self, kind: str) -> int:
-        """The most bytes an honest ``mask`` / ``weights`` upload of this model can have: twice
-        the packed bits (format 2 codes below 1 bit a weight), or float32 weights and the bits,
-        plus room for the header."""
+    def upload(self, folder: Path, kind: str, t: int) -> Upload:
+        """Round ``t``'s ``mask`` / ``weights`` uploads: at most the bytes an honest one of this
+        model can have (twice the packed bits: format 2 codes below 1 bit a weight; or float32
+        weights and the bits), plus room for the header."""
         numel = sum(info.shape[0] * info.shape[1] for info in self.layers)
-        return {"mask": 2 * (numel // 8 + len(self.layers)), "weights": 4 * numel + numel // 8 + len(self.layers)}[kind] \
-            + SMALL_REPLY
+        most = {"mask": 2 * (numel // 8 + len(self.layers)), "weights": 4 * numel + numel // 8 + len(self.layers)}
+        return Upload(folder, kind, t, most[kind] + SMALL_REPLY)
+
+    def transfer(self) -> ConfigRecord:
+        """What an upload step tells the sites of the transfer: the chunk size."""
+        return ConfigRecord({"chunk-bytes": self.settings.chunk_bytes})
 
     def record(self, exchange: Exchange, accepted: list[str], extra: dict | None = None) -> dict:
         """A round's entry in federation.json; the metrics are the uploads' own, checked on arrival."""
@@ -384,7 +448,7 @@ class Coordinator:
         files = {}
 
         def take(node: int, reply: Message) -> None:
-            path = self.write_upload(node, folder, "mask", reply)
+            path = self.upload_path(node, folder, "mask")
             upload = MaskFile(path, self.fingerprint, current, whole_model=s.mode == "one-shot", reference=reference)
             if upload.header.client_id != self.clients[node]:
                 raise MaskFileError(path, "client_id", f"{upload.header.client_id!r}, but the node that sent it "
@@ -394,8 +458,9 @@ class Coordinator:
             files[self.clients[node]] = upload
 
         content = self.plan_content(t)
+        content["transfer"] = self.transfer()
         exchange = self.exchange({n: (wire.TRAIN_MASK, content) for n in self.clients}, take, f"round-{t}",
-                                 limit=self.file_limit("mask"), metrics=True)
+                                 metrics=True, upload=self.upload(folder, "mask", t))
         accepted = self.screen(strategy, files)
         absent = sorted(set(self.clients.values()) - set(accepted))
         if s.mode == "iterative" and absent:
@@ -452,7 +517,7 @@ class Coordinator:
 
         def take(node: int, reply: Message) -> None:
             cid = self.clients[node]
-            path = self.write_upload(node, folder, "weights", reply)
+            path = self.upload_path(node, folder, "weights")
             upload = open_weight_file(path, self.fingerprint, self.layers, blocks[cid])
             if upload.header.client_id != cid:
                 raise MaskFileError(path, "client_id", f"{upload.header.client_id!r}, but the node that sent it is {cid!r}")
@@ -462,8 +527,9 @@ class Coordinator:
                 upload.layer_weight(name, upload.layer_mask(name))
             files[cid] = upload
 
-        outgoing = {node: (wire.TRAIN_WEIGHTS, self.plan_content(t, blocks[cid])) for node, cid in self.clients.items()}
-        exchange = self.exchange(outgoing, take, f"round-{t}", limit=self.file_limit("weights"), metrics=True)
+        outgoing = {node: (wire.TRAIN_WEIGHTS, RecordDict({**self.plan_content(t, blocks[cid]), "transfer": self.transfer()}))
+                    for node, cid in self.clients.items()}
+        exchange = self.exchange(outgoing, take, f"round-{t}", metrics=True, upload=self.upload(folder, "weights", t))
         accepted = self.screen(strategy, files)
         if not accepted:
             raise FederationError(f"round {t}: no valid upload")
@@ -484,13 +550,12 @@ class Coordinator:
         confirmations, receives masked words (written to disk as they arrive) and the survivors'
         reveals, and unmasks the sum of the votes layer by layer, checked against the cohort's
         group totals; sites the library catches are named in the round's record."""
-        import torch
-
-        from fedlib.io import SafetensorsWriter, read_at, safetensors_layout
+        from fedlib.io import read_at, safetensors_layout
         from fedlib.server.secagg import (Advertisement, RoundContext, SecAggServer, default_threshold, plan_digest,
                                           unpack_words)
         from fedlib_flower.client_app import ADVERTISEMENT
         from fedlib_flower.roster import secagg_roster
+        from fedlib_flower.transfer import words_layout
 
         s, folder = self.settings, self.round_dir(t)
         group = f"round-{t}"
@@ -546,11 +611,9 @@ class Coordinator:
         claims: dict[int, dict] = {}
         complaints: dict[int, list[int]] = {}
         settled, current = strategy.round_layers(self.layers, t if s.mode == "iterative" else None)
-        packed = {info.name: bits * ((numel[info.name] + 7) // 8) for info in current}  # pack_words' length
-        declared = {name: (torch.uint8, (size,)) for name, size in packed.items()}
-
-        def upload_metadata(node: int) -> dict:
-            return {"client_id": self.clients[node], "bits": str(bits)}
+        layout = {node: safetensors_layout(*words_layout({info.name: numel[info.name] for info in current}, bits,
+                                                         self.clients[node]), "masked words")
+                  for node in self.clients}
 
         def take_masked(j: int, reply: Message) -> None:
             node = node_of[j]
@@ -563,27 +626,25 @@ class Coordinator:
             if odd:
                 raise wire.WireError("cohort", odd[0], f"{claim[odd[0]]!r}, the coordinator asked for {expected[odd[0]]!r}")
             accused = wire.config(reply.content, "complaints", {"senders": (list, int)})["senders"]
-            masked = reply.content["masked"] if "masked" in reply.content else {}
-            if sorted(masked) != sorted(info.name for info in current):
-                raise wire.WireError("masked", "*", "expected one array per layer of the round")
+            # the k-bit words of every layer of the round (transfer.words_layout): the file's size
+            # was checked to be exactly this before its chunks were pulled, its header is checked here
             path = self.upload_path(node, folder, "secagg")
-            # k-bit words checked by their length and spooled a layer at a time; a bad layer
-            # leaves nothing at ``path`` (the writer aborts)
-            with SafetensorsWriter(path, declared) as writer:
-                for info in current:
-                    data = wire.raw_bytes("masked", info.name, masked[info.name])
-                    if len(data) != packed[info.name]:
-                        raise wire.WireError("masked", info.name, f"{len(data)} bytes, expected {bits} bit planes "
-                                                                  f"of {packed[info.name] // bits} bytes")
-                    writer.add(info.name, torch.frombuffer(bytearray(data), dtype=torch.uint8))
-                writer.close(upload_metadata(node))
+            head, _ = layout[node]
+            if read_at(path, 0, len(head)) != head or path.stat().st_size != words_size(node):
+                path.unlink()
+                raise wire.WireError("upload", "header", f"not the layout of {bits}-bit words of the round's "
+                                                         f"layers for {self.clients[node]!r}")
             uploads[j], claims[j], complaints[j] = path, claim, accused
+
+        def words_size(node: int) -> int:
+            head, spans = layout[node]
+            return len(head) + sum(nbytes for _, nbytes in spans.values())
 
         content = self.plan_content(t)
         step(wire.SECAGG_UPLOAD, shared, lambda j: RecordDict({
-            **content, "secagg": ConfigRecord({"round": t, "participants": shared, "senders": sorted(inbox[j]),
+            **content, "transfer": self.transfer(), "secagg": ConfigRecord({"round": t, "participants": shared, "senders": sorted(inbox[j]),
                                                "ciphertexts": [inbox[j][i] for i in sorted(inbox[j])]})}),
-             take_masked, limit=sum(packed.values()) + SMALL_REPLY, metrics=True)
+             take_masked, metrics=True, upload=Upload(folder, "secagg", t, max(map(words_size, self.clients))))
         # a site whose shares another says do not decrypt leaves the sum (both are named)
         survivors = server.drop_accused(uploads, complaints)
         enough("masked uploads", survivors)
@@ -616,11 +677,9 @@ class Coordinator:
             raise FederationError(f"round {t}: the survivors claim different allocations")
         # each survivor's words of one layer at a time, read where the writer put them (pread, not
         # a mapping of every upload: memory holds one layer of each survivor)
-        spans = {j: safetensors_layout(declared, upload_metadata(node_of[j]), uploads[j]) for j in survivors}
-
         def words_of(j: int, name: str) -> bytearray:
-            head, layout = spans[j]
-            offset, nbytes = layout[name]
+            head, spans = layout[node_of[j]]
+            offset, nbytes = spans[name]
             data = read_at(uploads[j], len(head) + offset, nbytes)
             if len(data) != nbytes:
                 raise FederationError(f"{uploads[j]}: {name}: {len(data)} of {nbytes} bytes (the file changed)")

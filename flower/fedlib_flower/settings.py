@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from fedlib.server import STRATEGIES, FedPrLLM, FedSpaLLM
+from fedlib_flower.transfer import MAX_CHUNK, MIN_CHUNK
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ class Settings:
     round_deadline: float = 3600.0
     #: at most this many sites compute at once (0: all; a localhost benchmark limits it)
     max_parallel: int = 0
+    #: uploads come in chunks of at most this many bytes (:mod:`fedlib_flower.transfer`): what
+    #: the coordinator holds of a reply at a time; each chunk is one more message (a ClientApp
+    #: process at the site)
+    chunk_bytes: int = 4 << 20
 
     @classmethod
     def from_run_config(cls, run_config) -> "Settings":
@@ -91,6 +96,9 @@ class Settings:
                              "site then learns the sum of the others' masks of the settled blocks)")
         if self.min_clients < 1 or self.round_deadline <= 0 or self.max_parallel < 0:
             raise ValueError("run config: min-clients >= 1, round-deadline > 0 and max-parallel >= 0")
+        if not MIN_CHUNK <= self.chunk_bytes <= MAX_CHUNK:
+            raise ValueError(f"run config: key 'chunk-bytes': {self.chunk_bytes}, a site serves chunks of "
+                             f"{MIN_CHUNK} to {MAX_CHUNK} bytes")
         self.server()  # the strategy checks its own options
 
     def server(self, n_clients: int | None = None):
@@ -115,9 +123,9 @@ class Settings:
 
     def digest_fields(self) -> dict:
         """What decides the federation's result (a resumed federation must agree on all of it);
-        deadlines, waiting, parallelism and where the roster is do not (who took part is checked
+        deadlines, waiting, parallelism, the chunk size and where the roster is do not (who took part is checked
         by id)."""
-        skip = {"connect_timeout", "round_deadline", "max_parallel", "min_clients", "roster"}
+        skip = {"connect_timeout", "round_deadline", "max_parallel", "min_clients", "roster", "chunk_bytes"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
     def plan(self, round_index: int) -> dict:

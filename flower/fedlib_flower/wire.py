@@ -22,6 +22,7 @@ SECAGG_SHARES = "train.secagg_shares"
 SECAGG_UPLOAD = "train.secagg_upload"
 SECAGG_CONFIRM = "train.secagg_confirm"
 SECAGG_REVEAL = "train.secagg_reveal"
+UPLOAD_CHUNK = "query.upload_chunk"
 
 #: the ``stype`` of a file's bytes: raw, not numpy's serialization
 FILE_STYPE = "fedlib.file"
