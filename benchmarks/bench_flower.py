@@ -11,8 +11,8 @@ the largest SuperNode (their VmHWM since they started: peaks so far, monotone ov
 The coordinator's bound: what its peak grew by during the round, and by the time the last reply
 was taken (before aggregating), against its largest upload on disk (its peak after hello, the
 model's layers and the imports is the constant); the goal for taking the replies is at most 2
-uploads (it pulls one reply at a time and writes it to disk: Flower's chunks and the
-assembled array of that one reply).
+uploads (it pulls one reply at a time, each at most ``--chunk-bytes`` of an upload, and writes it
+to disk: Flower's copies of that one chunk).
 Each global file is checked to equal ``fedlib aggregate`` over the uploads the coordinator wrote
 (byte for byte), and site 0's upload to equal ``fedlib client-mask`` on its data; secure
 aggregation's global file to equal the plain format 1 federation's (the script fails otherwise). With 2 cores, at most ``--parallel`` sites compute at once (the coordinator's
@@ -122,6 +122,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--seqlen", type=int, default=512)
     parser.add_argument("--parallel", type=int, default=2, help="sites computing at once (max-parallel)")
+    parser.add_argument("--chunk-bytes", type=int, default=4 << 20, help="the coordinator's chunk-bytes")
     parser.add_argument("--work", help="a folder to keep everything in (default: a temporary one)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                         help="which federations (default all; the JSON is written after each)")
@@ -147,7 +148,8 @@ def main() -> None:
                 label, version, secagg = VARIANTS[name]
                 out = root / f"federation-{name}"
                 result = federation(site, model, out, roster, args.clients, args.parallel, mode="one-shot", group="layer",
-                                    method="wanda", **{"local-group": "row", "format-version": version, "secagg": secagg})
+                                    method="wanda", **{"local-group": "row", "format-version": version, "secagg": secagg,
+                                                       "chunk-bytes": args.chunk_bytes})
                 rnd, flower = result["round"], result["flower"]
                 absent = rnd["absent"]
                 if secagg:
@@ -166,6 +168,9 @@ def main() -> None:
                     "coordinator_peak_rss_mib": rnd["coordinator_peak_rss_mib"],
                     "coordinator_peak_rss_before_round_mib": rnd["coordinator_peak_rss_before_mib"],
                     "coordinator_round_growth_mib": growth, "largest_upload_mib": largest,
+                    "chunk_bytes": args.chunk_bytes,
+                    "coordinator_replies_growth_mib":
+                        rnd["coordinator_peak_rss_after_replies_mib"] - rnd["coordinator_peak_rss_before_mib"],
                     "coordinator_growth_in_uploads": growth / largest,
                     # the same before aggregation: what taking the 16 replies needed
                     "coordinator_replies_growth_in_uploads":

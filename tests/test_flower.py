@@ -569,12 +569,16 @@ def test_a_pull_the_superlink_fails_with_a_server_error_is_tried_again(sites, tm
         federate(BusySuperLink(sites, 403, failures=1), tmp_path / "refused")
 
 
-def test_one_shot_closes_at_the_deadline_with_the_sites_that_answered(sites, tmp_path):
+@pytest.mark.parametrize("silent_on", [wire.TRAIN_MASK, wire.UPLOAD_CHUNK])
+def test_one_shot_closes_at_the_deadline_with_the_sites_that_answered(sites, tmp_path, silent_on):
+    """hospital-a never answers its upload step, or stops halfway through its file (chunks of
+    1 KiB): the round closes at its deadline without it, and nothing of its upload is left."""
     def silent(node, message, reply):
-        return None if message.metadata.message_type == wire.TRAIN_MASK and node == 1000 else reply
+        return None if message.metadata.message_type == silent_on and node == 1000 else reply
 
-    state = federate(LocalGrid(sites, tamper=silent), tmp_path / "fl", **{"round-deadline": 2.0})
+    state = federate(LocalGrid(sites, tamper=silent), tmp_path / "fl", **{"round-deadline": 2.0, "chunk-bytes": 1024})
     assert state["rounds"][0]["absent"] == ["hospital-a"]
+    assert not [p for p in (tmp_path / "fl").rglob("*") if "hospital-a" in p.name]
     files = cli_client_masks(sites, tmp_path / "cli", names=SITES[1:])
     cli("aggregate", "--model", MODEL, "--out", tmp_path / "cli.global.safetensors", *files)
     ours, theirs = MaskFile(tmp_path / "fl" / "global.mask.safetensors"), MaskFile(tmp_path / "cli.global.safetensors")

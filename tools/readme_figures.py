@@ -164,10 +164,14 @@ def flower(data: dict) -> str:
               f"| {r['superlink_peak_rss_mib']:,.0f} MiB | {r['supernode_peak_rss_mib']:,.0f} MiB "
               f"| {r['same_bytes_as']} |" for r in data["records"]]
     bound = [f"{r['variant']} {r['coordinator_replies_growth_in_uploads']:.1f} of its largest upload "
-             f"({r['largest_upload_mib']:.1f} MiB)" for r in data["records"] if "coordinator_replies_growth_in_uploads" in r]
+             f"({r['largest_upload_mib']:.1f} MiB)"
+             + (f", {r['coordinator_replies_growth_mib']:.0f} MiB, uploads pulled in chunks of "
+                f"{r['chunk_bytes'] / mib:g} MiB" if "chunk_bytes" in r else ", each upload in one reply")
+             for r in data["records"] if "coordinator_replies_growth_in_uploads" in r]
     if bound:
-        lines += ["", "- The coordinator's growth while it took the replies, counted in uploads (goal: at most 2): "
-                  + "; ".join(bound) + "."]
+        met = all(r["coordinator_replies_growth_in_uploads"] <= 2 for r in data["records"])
+        lines += ["", "- The coordinator's growth while it took the replies, counted in uploads (goal: at most 2, "
+                  + ("met" if met else "not met") + "): " + "; ".join(bound) + "."]
     lost = [f"{r['variant']}: {', '.join(r['absent'])} ({'; '.join(r['refused'])})" for r in data["records"] if r.get("absent")]
     if lost:
         lines += ["- Sites that did not answer: " + "; ".join(lost) + "."]

@@ -4,17 +4,18 @@ A federation: wait for the sites; ``query.hello`` gives each node the client id 
 (run config ``roster``, :mod:`fedlib_flower.roster`) has for the Ed25519 key it proves it holds,
 and checks its model fingerprint; then each round of the strategy (one-shot FedPrLLM: 1;
 iterative: one per block; FedSpaLLM: T) goes out and comes back one reply at a time, each pulled
-alone and refused by its declared size before its payload is read. An upload comes a chunk at a
+alone and refused by its declared size before fedlib reads its payload (Flower has pulled that
+one message whole by then: hence the chunks). An upload comes a chunk at a
 time (:mod:`fedlib_flower.transfer`: its declared size checked before the second chunk is asked
 for, its digest at the end), written to ``out/round-NNN/<client id>.<kind>.safetensors`` (the
 path checked to stay in that folder), so the coordinator holds one chunk of one reply at a time,
 whatever the uploads' size; then read there with fedlib's strict reader, layer by layer: a file
-that is not exactly
-what fedlib writes for content the protocol allows, or whose ``client_id`` is not its node's, is
-refused (moved to ``refused/``, named with its field in ``federation.json``) while the others
-aggregate; so is a reply whose metrics are malformed. The round's global file is what ``fedlib
-aggregate`` writes for the accepted files (the same function), plus the clients that are absent
-(no answer by the round's deadline, or refused) in ``x_absent_clients``.
+that is not exactly what fedlib writes for content the protocol allows, or whose ``client_id``
+is not its node's, is refused (moved to ``refused/``, named with its field in
+``federation.json``) while the others aggregate; so is a reply whose metrics are malformed.
+The round's global file is what ``fedlib aggregate`` writes for the accepted files (the same
+function), plus the clients that are absent (no answer by the round's deadline, or refused) in
+``x_absent_clients``.
 
 With ``secagg`` the round is the five steps of :mod:`fedlib.server.secagg` (its variant against
 an active server) instead; the coordinator then holds masked words only, never a site's mask,
