@@ -829,3 +829,17 @@ def test_settings_are_checked_by_key():
     with pytest.raises(wire.WireError, match="record 'plan': key 'blocks'"):
         wire.config(RecordDict({"plan": __import__("flwr.app").app.ConfigRecord({"blocks": ["x"]})}), "plan",
                     {"blocks": (list, int)})
+
+
+def test_a_spool_another_user_could_read_is_refused(tmp_path):
+    """A site's spool must be its own folder, closed to everyone else (the default lies in the
+    shared temporary folder, where another user could have made it first)."""
+    import os
+
+    from fedlib_flower.transfer import Spool
+
+    assert Spool(tmp_path / "mine").folder.stat().st_mode & 0o777 == 0o700
+    (tmp_path / "open").mkdir(mode=0o755)
+    os.chmod(tmp_path / "open", 0o755)
+    with pytest.raises(ValueError, match="key 'spool'.*mode 700"):
+        Spool(tmp_path / "open")

@@ -49,6 +49,12 @@ class Spool:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # the default lies in a shared temporary folder: one another user made first could read
+        # the site's uploads (a plain mask, without secure aggregation)
+        info = self.folder.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise ValueError(f"node config: key 'spool': {self.folder} must be a folder of this user's that no one "
+                             "else may read or write (mode 700)")
 
     @classmethod
     def of_site(cls, node_config, public_key: bytes) -> "Spool":
