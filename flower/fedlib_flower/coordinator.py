@@ -100,6 +100,26 @@ class Exchange:
     peak_rss_mib: float = 0.0
 
 
+#: glibc's mallopt parameter: the size from which a buffer gets a mapping of its own
+M_MMAP_THRESHOLD = -3
+
+
+def return_large_buffers(threshold: int = 1 << 20) -> bool:
+    """Give every buffer of ``threshold`` bytes and more a mapping of its own, returned to the
+    system when it is freed (glibc only; False elsewhere). By default glibc raises that threshold
+    to the size of each such buffer freed, so the next ones of that size (Flower's copies of each
+    reply's chunks, pulled by its worker threads) land in heaps that keep their peak: the
+    coordinator's resident memory then grows by several chunks' worth however small they are."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        return bool(name) and ctypes.CDLL(name).mallopt(M_MMAP_THRESHOLD, threshold) == 1
+    except (OSError, AttributeError):
+        return False
+
+
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -264,6 +284,7 @@ class Coordinator:
 
     def run(self) -> dict:
         s = self.settings
+        return_large_buffers()
         self.out.mkdir(parents=True, exist_ok=True)
         nodes = self.wait_for_nodes()
         self.hello(nodes)
