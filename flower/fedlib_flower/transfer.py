@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -76,7 +77,7 @@ class Spool:
         for old in self.folder.iterdir():
             if old.is_file() and old != path:
                 old.unlink()
-        os.replace(source, path)
+        shutil.move(source, path)  # the spool may be on another file system than ``source``
         digest = hashlib.sha256()
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
