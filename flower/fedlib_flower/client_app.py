@@ -120,7 +120,7 @@ def _offer(context: Context, site: Site, message: Message, path: Path, kind: str
     (the chunk size the coordinator asks for, within what a site serves), and ``records``."""
     from fedlib_flower.transfer import TRANSFER, Spool, check_chunk
 
-    chunk = check_chunk("transfer", wire.config(message.content, "transfer", TRANSFER)["chunk-bytes"])
+    chunk = check_chunk("transfer", "chunk-bytes", wire.config(message.content, "transfer", TRANSFER)["chunk-bytes"])
     content = Spool.of_site(context.node_config, site.public_key).offer(path, message.metadata.run_id, round_index,
                                                                         kind, chunk)
     for name, record in records.items():

@@ -106,7 +106,8 @@ M_MMAP_THRESHOLD = -3
 
 def return_large_buffers(threshold: int = 1 << 20) -> bool:
     """Give every buffer of ``threshold`` bytes and more a mapping of its own, returned to the
-    system when it is freed (glibc only; False elsewhere). By default glibc raises that threshold
+    system when it is freed (glibc only; False elsewhere): a setting of the whole process, made
+    where the ServerApp starts. By default glibc raises that threshold
     to the size of each such buffer freed, so the next ones of that size (Flower's copies of each
     reply's chunks, pulled by its worker threads) land in heaps that keep their peak: the
     coordinator's resident memory then grows by several chunks' worth however small they are."""
@@ -240,12 +241,13 @@ class Coordinator:
         each next one a chunk. Returns the next chunk's request, or None once the file is whole
         (``on_reply`` then sees the first reply, its chunk dropped) or the node refused."""
         chunk = self.settings.chunk_bytes
-        if reply.has_error() or wire.declared_bytes(reply.content) > chunk + SMALL_REPLY:
+        size = 0 if reply.has_error() else wire.declared_bytes(reply.content)
+        if reply.has_error() or size > chunk + SMALL_REPLY:
             if node in downloads:
                 downloads.pop(node)[0].abort()
             self.take(node, reply, on_reply, result, chunk + SMALL_REPLY, False)  # refused by it
             return None
-        result.bytes_up += wire.declared_bytes(reply.content)
+        result.bytes_up += size
         try:
             if node not in downloads:
                 measured = wire.metrics(reply.content) if metrics else None
@@ -284,7 +286,6 @@ class Coordinator:
 
     def run(self) -> dict:
         s = self.settings
-        return_large_buffers()
         self.out.mkdir(parents=True, exist_ok=True)
         nodes = self.wait_for_nodes()
         self.hello(nodes)

@@ -37,10 +37,9 @@ REQUEST = {"round": int, "kind": str, "offset": int, "length": int}
 TRANSFER = {"chunk-bytes": int}
 
 
-def check_chunk(record: str, length: int) -> int:
+def check_chunk(record: str, key: str, length: int) -> int:
     if not MIN_CHUNK <= length <= MAX_CHUNK:
-        raise wire.WireError(record, "chunk-bytes" if record == "transfer" else "length",
-                             f"{length}: a site serves chunks of {MIN_CHUNK} to {MAX_CHUNK} bytes")
+        raise wire.WireError(record, key, f"{length}: a site serves chunks of {MIN_CHUNK} to {MAX_CHUNK} bytes")
     return length
 
 
@@ -92,7 +91,7 @@ class Spool:
         if not path.is_file():
             raise wire.WireError("chunk", "round", f"run {run_id}, round {request['round']}: this site holds no "
                                                    f"{request['kind']} upload of that round")
-        length, size = check_chunk("chunk", request["length"]), path.stat().st_size
+        length, size = check_chunk("chunk", "length", request["length"]), path.stat().st_size
         if not 0 <= request["offset"] < size:
             raise wire.WireError("chunk", "offset", f"{request['offset']}, the upload has {size} bytes")
         return self.read(path, request["offset"], min(length, size - request["offset"]))
