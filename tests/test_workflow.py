@@ -499,19 +499,27 @@ def test_dp_target_runs(privacy_targets):
         (f"{e:g}", verdicts[e, m]) for e in (1.0, 64.0) for m in ("honest", "understated", "no-noise")]
 
 
-def test_domain_target_runs(tmp_path):
+@pytest.fixture(scope="module")
+def domain_run(tmp_path_factory):
+    """.test/ after the target domain ran in it, with the dry run's job counts."""
+    workdir = copy_test_dir(tmp_path_factory.mktemp("domain"))
+    jobs = planned_jobs(snakemake(workdir, "domain", "--configfile", "config.yaml", "-n"))
+    snakemake(workdir, "domain", "--configfile", "config.yaml")
+    return workdir, jobs
+
+
+def test_domain_target_runs(domain_run):
     """domain: in-domain (PTB) clients against public C4 text, every row paired against public-only;
     the DP rows' files carry their guarantees, the audit stays below the proven ε, and the public
     text and the control clients' text are C4 documents apart from the evaluation's."""
     from fedlib.data import load_tokens
     from fedlib.maskfile import read_header
 
-    copy_test_dir(tmp_path)
-    jobs = planned_jobs(snakemake(tmp_path, "domain", "--configfile", "config.yaml", "-n"))
-    # 2 seeds in-domain + 1 control setting; 4 mechanisms (2 per client, 2 secure sums) x 1 ε; 2 clients
-    assert jobs["domain_dp"] == 3 and jobs["domain_membership"] == 4 and jobs["domain_dp_fedprllm"] == 2 * 3
-    assert jobs["domain_eval"] == 2 * (5 + 4) + (1 + 4)
-    snakemake(tmp_path, "domain", "--configfile", "config.yaml")
+    tmp_path, jobs = domain_run
+    # 1 seed in-domain + 1 control setting; 4 mechanisms (2 per client, 2 secure sums) x 1 ε; 2 clients
+    # (pooling over data seeds: test_domain_report_pools_data_seeds, on this run's files)
+    assert jobs["domain_dp"] == 2 and jobs["domain_membership"] == 4 and jobs["domain_dp_fedprllm"] == 2 * 2
+    assert jobs["domain_eval"] == (5 + 4) + (1 + 4)
     base = tmp_path / "results" / "domain"
     client = json.loads(read_header(base / "private/s0/sp0.5/dp/lowdim-8/client_1.mask.safetensors").extra["dp"])
     assert client["mechanism"] == "normalised" and client["basis"] == 4 and client["sensitivity"] == 2.0
@@ -523,7 +531,7 @@ def test_domain_target_runs(tmp_path):
     assert posterior["estimator"] == "posterior" and posterior["sigma"] == json.loads(secagg.extra["dp"])["sigma"]
     audit = json.loads((base / "membership/distributed_posterior-8.json").read_text())
     assert audit["dp"]["estimator"] == "posterior"
-    assert load_tokens(base / "pools/public-s1.safetensors")[1]["docs"] == [0, 25]
+    assert load_tokens(base / "pools/public-s0.safetensors")[1]["docs"] == [0, 25]
     rows = list(csv.reader((tmp_path / "reports" / "domain.csv").open()))
     header, body = rows[0], rows[1:]
     cell = {name: header.index(name) for name in ("Clients' text", "Row", "ε", "audit ≤ proven")}
@@ -557,3 +565,59 @@ def test_domain_target_runs(tmp_path):
     headroom = list(csv.reader((tmp_path / "reports" / "headroom.csv").open()))
     assert [r[2] for r in headroom[1:]] == ["1", "1", "4", "1"] and [r[4] for r in headroom[1:]] == ["1", "2", "2", "2"]
     assert f"Public-only ptb ppl {public['ppl']:.2f}" in (tmp_path / "reports" / "headroom.md").read_text()
+
+
+def test_domain_report_pools_data_seeds(domain_run, tmp_path):
+    """The report pools its rows over data seeds: with a second seed (seed 0's evaluation files with
+    per-window NLLs moved by a seeded draw, row by row), each in-domain row's perplexity and change
+    against public-only equal the mean over both seeds' windows, computed here from the files."""
+    import shlex
+
+    import numpy as np
+
+    from fedlib.studies.domain import domain_table
+
+    workdir, _ = domain_run
+    printed = snakemake(workdir, "domain", "--configfile", "config.yaml", "-n", "-p", "--forcerun", "domain_report")
+    command = next(line for line in printed.splitlines() if " privacy domain-report --spec " in line)
+    argv = shlex.split(command.rsplit(" > ", 1)[0])
+    spec = json.loads(argv[argv.index("--spec") + 1])
+    [cell] = spec["evals"]["private"]
+    rng = np.random.default_rng(7)
+    second = {"sparsity": cell["sparsity"], "seed": 1, "record": cell["record"], "rows": {}}
+    for row, path in cell["rows"].items():
+        result = json.loads((workdir / path).read_text())
+        nll = result["perplexity"]["ptb"]["window_nll"]
+        moved = rng.uniform(-0.3, 0.3) + rng.normal(0, 0.05, len(nll))  # by row, and window by window
+        result["perplexity"]["ptb"]["window_nll"] = [v + float(d) for v, d in zip(nll, moved)]
+        (tmp_path / f"{row}.json").write_text(json.dumps(result))
+        second["rows"][row] = str(tmp_path / f"{row}.json")
+    spec["evals"]["private"] = [{**cell, "rows": {r: str(workdir / p) for r, p in cell["rows"].items()},
+                                 "record": str(workdir / cell["record"])},
+                                {**second, "record": str(workdir / cell["record"])}]
+    for c in spec["evals"]["control"]:
+        c["rows"] = {r: str(workdir / p) for r, p in c["rows"].items()}
+        c["record"] = str(workdir / c["record"])
+    spec["dense"] = {k: str(workdir / v) for k, v in spec["dense"].items()}
+    spec["membership"] = {k: str(workdir / v) for k, v in spec["membership"].items()}
+    spec["diagnostics"] = []
+    spec["out_dir"] = str(tmp_path / "reports")
+    (tmp_path / "reports").mkdir()
+    domain_table(spec)
+
+    def window_nll(path):
+        return np.asarray(json.loads(Path(path).read_text())["perplexity"]["ptb"]["window_nll"])
+
+    both = {row: np.stack([window_nll(c["rows"][row]) for c in spec["evals"]["private"]]) for row in cell["rows"]}
+    rows = list(csv.reader((tmp_path / "reports" / "domain.csv").open()))
+    header, body = rows[0], [r for r in rows[1:] if r[0].endswith("(in-domain)")]
+    ppl, change = header.index("PTB ppl"), header.index("Δ PTB ppl vs public [95% CI]")
+    titles = {"public": "Public text only (ε = 0)", "central": "Centralized in-domain (ceiling)",
+              "fedprllm": "FedPrLLM layer", "mix": "Public + private mix (Wanda on both)"}
+    by_title = {r[header.index("Row")]: r for r in body}
+    for row, title in titles.items():
+        assert float(by_title[title][ppl]) == pytest.approx(np.exp(both[row].mean()), rel=2e-3), row
+        if row != "public":
+            expected = np.expm1((both[row] - both["public"]).mean())
+            assert float(by_title[title][change].split("%")[0]) / 100 == pytest.approx(expected, abs=6e-4), row
+    assert "seeds 0, 1" in (tmp_path / "reports" / "domain.md").read_text()
