@@ -566,7 +566,8 @@ def test_domain_dp_file_patterns_are_the_files_the_federation_writes():
     domain = DomainCatalog(Catalog(with_schema_defaults(config_with())))
     releases = domain.releases()
     assert {spec["mechanism"] for spec in releases} == {"normalised", "distributed"}
-    folder = Path(f"{domain.base}/private/s0/sp0.5/dp")
-    expected = [str(p) for spec in releases for p in mask_paths(folder, spec, domain.d["clients"])]
-    got = [p.format(kind="private", dseed=0, dsp=0.5) for p in domain.dp_file_patterns()]
-    assert got == expected and len(got) == len(set(got))
+    for draw in (0, 2):
+        folder = Path(domain.dp_dir("private", 0.5, 0, draw))
+        expected = [str(p) for spec in releases for p in mask_paths(folder, spec, domain.d["clients"])]
+        got = [p.format(kind="private", dseed=0, dsp=0.5, dpdir=domain.dp_name(draw)) for p in domain.dp_file_patterns()]
+        assert got == expected and len(got) == len(set(got))

@@ -567,10 +567,12 @@ def test_domain_target_runs(domain_run):
     assert f"Public-only ptb ppl {public['ppl']:.2f}" in (tmp_path / "reports" / "headroom.md").read_text()
 
 
-def test_domain_report_pools_data_seeds(domain_run, tmp_path):
-    """The report pools its rows over data seeds: with a second seed (seed 0's evaluation files with
-    per-window NLLs moved by a seeded draw, row by row), each in-domain row's perplexity and change
-    against public-only equal the mean over both seeds' windows, computed here from the files."""
+def test_domain_report_pools_data_seeds_and_noise_draws(domain_run, tmp_path):
+    """The report pools its rows over data seeds and a DP row's noise draws: with a second seed and a
+    second noise draw (this run's evaluation files with per-window NLLs moved by a seeded draw, file
+    by file), each in-domain row's perplexity and change against public-only equal the mean over
+    every seed's (and draw's) windows, computed here from the files; each draw has its own ledger.
+    The workflow plans a draw's pass, masks and evaluations in dp-n<draw>/."""
     import shlex
 
     import numpy as np
@@ -578,23 +580,34 @@ def test_domain_report_pools_data_seeds(domain_run, tmp_path):
     from fedlib.studies.domain import domain_table
 
     workdir, _ = domain_run
+    (workdir / "draws.yaml").write_text("domain: {noise_draws: 3}\n")
+    jobs = planned_jobs(snakemake(workdir, "domain", "--configfile", "config.yaml", "draws.yaml", "-n"))
+    assert jobs["domain_dp"] == 2 * 2 and jobs["domain_dp_fedprllm"] == 2 * 2 * 2 and jobs["domain_eval"] == 2 * 2 * 4
     printed = snakemake(workdir, "domain", "--configfile", "config.yaml", "-n", "-p", "--forcerun", "domain_report")
     command = next(line for line in printed.splitlines() if " privacy domain-report --spec " in line)
     argv = shlex.split(command.rsplit(" > ", 1)[0])
     spec = json.loads(argv[argv.index("--spec") + 1])
     [cell] = spec["evals"]["private"]
+    assert cell["draws"] == []
     rng = np.random.default_rng(7)
-    second = {"sparsity": cell["sparsity"], "seed": 1, "record": cell["record"], "rows": {}}
-    for row, path in cell["rows"].items():
-        result = json.loads((workdir / path).read_text())
+
+    def moved(path, name):
+        """A copy of an evaluation file, its PTB window NLLs moved by row and window by window."""
+        result = json.loads(Path(path).read_text())
         nll = result["perplexity"]["ptb"]["window_nll"]
-        moved = rng.uniform(-0.3, 0.3) + rng.normal(0, 0.05, len(nll))  # by row, and window by window
-        result["perplexity"]["ptb"]["window_nll"] = [v + float(d) for v, d in zip(nll, moved)]
-        (tmp_path / f"{row}.json").write_text(json.dumps(result))
-        second["rows"][row] = str(tmp_path / f"{row}.json")
-    spec["evals"]["private"] = [{**cell, "rows": {r: str(workdir / p) for r, p in cell["rows"].items()},
-                                 "record": str(workdir / cell["record"])},
-                                {**second, "record": str(workdir / cell["record"])}]
+        shift = rng.uniform(-0.3, 0.3) + rng.normal(0, 0.05, len(nll))
+        result["perplexity"]["ptb"]["window_nll"] = [v + float(d) for v, d in zip(nll, shift)]
+        (tmp_path / name).write_text(json.dumps(result))
+        return str(tmp_path / name)
+
+    record = str(workdir / cell["record"])
+    first = {**cell, "rows": {r: str(workdir / p) for r, p in cell["rows"].items()}, "record": record}
+    second = {**first, "seed": 1, "rows": {r: moved(p, f"s1-{r}.json") for r, p in first["rows"].items()}}
+    labels = [r for r in cell["rows"] if "-" in r]  # the DP rows
+    for c in (first, second):
+        c["draws"] = [{"rows": {r: moved(c["rows"][r], f"s{c['seed']}-n1-{r}.json") for r in labels},
+                       "record": record}]
+    spec["evals"]["private"] = [first, second]
     for c in spec["evals"]["control"]:
         c["rows"] = {r: str(workdir / p) for r, p in c["rows"].items()}
         c["record"] = str(workdir / c["record"])
@@ -608,16 +621,25 @@ def test_domain_report_pools_data_seeds(domain_run, tmp_path):
     def window_nll(path):
         return np.asarray(json.loads(Path(path).read_text())["perplexity"]["ptb"]["window_nll"])
 
-    both = {row: np.stack([window_nll(c["rows"][row]) for c in spec["evals"]["private"]]) for row in cell["rows"]}
+    def evaluations(row):
+        return [window_nll(c["rows"][row]) for c in (first, second)] + \
+            [window_nll(d["rows"][row]) for c in (first, second) for d in c["draws"] if row in d["rows"]]
+
+    public = evaluations("public")  # per seed
     rows = list(csv.reader((tmp_path / "reports" / "domain.csv").open()))
     header, body = rows[0], [r for r in rows[1:] if r[0].endswith("(in-domain)")]
     ppl, change = header.index("PTB ppl"), header.index("Δ PTB ppl vs public [95% CI]")
     titles = {"public": "Public text only (ε = 0)", "central": "Centralized in-domain (ceiling)",
-              "fedprllm": "FedPrLLM layer", "mix": "Public + private mix (Wanda on both)"}
+              "fedprllm": "FedPrLLM layer", "mix": "Public + private mix (Wanda on both)",
+              **{label: spec["titles"][label.rsplit("-", 1)[0]] for label in labels}}
     by_title = {r[header.index("Row")]: r for r in body}
     for row, title in titles.items():
-        assert float(by_title[title][ppl]) == pytest.approx(np.exp(both[row].mean()), rel=2e-3), row
-        if row != "public":
-            expected = np.expm1((both[row] - both["public"]).mean())
+        nll = evaluations(row)
+        assert len(nll) == (4 if row in labels else 2)
+        assert float(by_title[title][ppl]) == pytest.approx(np.exp(np.mean(nll)), rel=2e-3), row
+        if row != "public":  # each draw paired against its seed's public-only windows
+            expected = np.expm1(np.mean([e - public[i % 2] for i, e in enumerate(nll)]))
             assert float(by_title[title][change].split("%")[0]) / 100 == pytest.approx(expected, abs=6e-4), row
-    assert "seeds 0, 1" in (tmp_path / "reports" / "domain.md").read_text()
+    md = (tmp_path / "reports" / "domain.md").read_text()
+    assert "seeds 0, 1" in md and "over seeds, 2 noise draws per seed (DP rows) and windows" in md
+    assert "Ledger, private pool of data seed 1, noise draw 1:" in md and "not summed over them" in md

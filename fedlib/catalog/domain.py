@@ -10,6 +10,7 @@ C4 text (documents ``control_docs``) instead. Results under {results}/domain/, t
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from fedlib.catalog.privacy import eps_name
@@ -28,6 +29,9 @@ DEFAULTS = {
     # how the clients' windows are cut: disjoint, by unit (PTB: spans; C4, WikiText-2: documents), at most
     # windows_per_unit per unit (fedlib.dp.unit); random = Wanda's random offsets (refused with DP rows)
     "sampling": "disjoint", "windows_per_unit": 1,
+    # replicates of every DP release per data seed (the interval covers them): draw 0 is seeded by the data
+    # seed, as before draws existed, each further draw by a seed derived from the data seed and the draw
+    "noise_draws": 1,
 }
 #: the unit a dataset's text is cut by for DP (fedlib.dp.unit)
 DATASET_UNITS = {"ptb": "span", "wikitext2": "document", "c4": "document"}
@@ -165,14 +169,39 @@ class DomainCatalog:
                             **({"unit": study.unit} if study.unit else {})})
         return out
 
-    def dp_dir(self, kind: str, sparsity, seed) -> str:
-        return f"{self.setting(kind, float(sparsity), seed)}/dp"
+    def draws(self) -> range:
+        """The noise draws of every DP release (``domain.noise_draws``)."""
+        return range(int(self.d["noise_draws"]))
+
+    @staticmethod
+    def dp_name(draw) -> str:
+        """The folder of a noise draw's releases in a setting: ``dp`` (draw 0), ``dp-n<draw>``."""
+        return "dp" if int(draw) == 0 else f"dp-n{int(draw)}"
+
+    @staticmethod
+    def draw_of(dp_name: str) -> int:
+        """The noise draw of a :meth:`dp_name` folder."""
+        return int(dp_name.removeprefix("dp").removeprefix("-n") or 0)
+
+    @staticmethod
+    def noise_seed(seed, draw) -> int:
+        """The simulation's noise seed of a data seed's noise draw: the data seed itself for draw 0
+        (the study's files before draws existed), else 63 bits of a hash of both, so that no two
+        (data seed, draw) pairs share noise."""
+        if int(draw) == 0:
+            return int(seed)
+        digest = hashlib.sha256(f"fedlib domain noise draw {int(seed)} {int(draw)}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") >> 1
+
+    def dp_dir(self, kind: str, sparsity, seed, draw=0) -> str:
+        return f"{self.setting(kind, float(sparsity), seed)}/{self.dp_name(draw)}"
 
     def dp_file_patterns(self) -> list[str]:
-        """Every mask a setting's dp-federation writes, with the rule's wildcards {kind}, {dseed}, {dsp}:
-        the names of :func:`fedlib.privacy.stages.dp_federation.mask_paths` (a test checks that they
-        agree), spelled here because the Snakefile reads them and must not import torch."""
-        folder = f"{self.base}/{{kind}}/s{{dseed}}/sp{{dsp}}/dp"
+        """Every mask a setting's dp-federation writes, with the rule's wildcards {kind}, {dseed},
+        {dsp}, {dpdir} (:meth:`dp_name`): the names of
+        :func:`fedlib.privacy.stages.dp_federation.mask_paths` (a test checks that they agree),
+        spelled here because the Snakefile reads them and must not import torch."""
+        folder = f"{self.base}/{{kind}}/s{{dseed}}/sp{{dsp}}/{{dpdir}}"
         out = []
         for spec in self.releases():
             if spec["mechanism"] == "distributed":
@@ -181,14 +210,14 @@ class DomainCatalog:
                 out += [f"{folder}/{spec['label']}/client_{c}.mask.safetensors" for c in range(self.d["clients"])]
         return out
 
-    def dp_client_masks(self, kind: str, sparsity, seed, label: str) -> list[str]:
-        return [f"{self.dp_dir(kind, sparsity, seed)}/{label}/client_{c}.mask.safetensors"
+    def dp_client_masks(self, kind: str, sparsity, seed, label: str, draw=0) -> list[str]:
+        return [f"{self.dp_dir(kind, sparsity, seed, draw)}/{label}/client_{c}.mask.safetensors"
                 for c in range(self.d["clients"])]
 
-    def dp_mask(self, kind: str, sparsity, seed, label: str) -> str:
+    def dp_mask(self, kind: str, sparsity, seed, label: str, draw=0) -> str:
         """The mask a DP row evaluates: FedPrLLM over the clients' DP masks, or the secure sum's."""
         leaf = "secagg" if MECHANISMS[label.rsplit("-", 1)[0]].mechanism == "distributed" else "fedprllm"
-        return f"{self.dp_dir(kind, sparsity, seed)}/{label}/{leaf}.mask.safetensors"
+        return f"{self.dp_dir(kind, sparsity, seed, draw)}/{label}/{leaf}.mask.safetensors"
 
     def membership_json(self, label: str) -> str:
         return f"{self.base}/membership/{label}.json"
@@ -271,7 +300,12 @@ class DomainCatalog:
         d = self.d
         evals = {kind: [{"sparsity": sp, "seed": seed,
                          "rows": {row: self.eval_json(mask) for row, mask in self.row_masks(kind, sp, seed).items()},
-                         "record": f"{self.dp_dir(kind, sp, seed)}/pass.json" if self.detailed(kind, sp) else None}
+                         "record": f"{self.dp_dir(kind, sp, seed)}/pass.json" if self.detailed(kind, sp) else None,
+                         # noise draws after the first: each DP row's evaluation and the pass that released it
+                         "draws": [{"rows": {label: self.eval_json(self.dp_mask(kind, sp, seed, label, draw))
+                                             for label in self.labels()},
+                                    "record": f"{self.dp_dir(kind, sp, seed, draw)}/pass.json"}
+                                   for draw in self.draws()[1:]] if self.detailed(kind, sp) else []}
                         for sp, seed in self.grid(kind)] for kind in KINDS}
         return {
             "out_dir": self.catalog.reports,
@@ -301,6 +335,8 @@ class DomainCatalog:
         for cells in spec["evals"].values():
             for cell in cells:
                 files += list(cell["rows"].values()) + ([cell["record"]] if cell["record"] else [])
+                for draw in cell["draws"]:
+                    files += [*draw["rows"].values(), draw["record"]]
         return sorted(set(files))
 
     def outputs(self) -> list[str]:

@@ -2,9 +2,10 @@
 reports/domain.{md,csv,png} from the evaluation files of :class:`fedlib.catalog.domain.DomainCatalog`.
 
 Every row is compared with public-only on the same windows and data seed: per window, the
-difference of mean NLL; the table's change is exp(mean difference) - 1 over seeds and windows, its
-95 % interval a bootstrap that resamples seeds and windows (so it carries both the calibration
-draw and the evaluation windows). A DP row's "gain kept" is its change over the change of its
+difference of mean NLL; the table's change is exp(mean difference) - 1 over seeds, noise draws and
+windows, its 95 % interval a bootstrap that resamples seeds, each resampled seed's noise draws
+(DP rows; ``domain.noise_draws``) and windows (so it carries the calibration draw, the noise and
+the evaluation windows). A DP row's "gain kept" is its change over the change of its
 non-private counterpart (FedPrLLM for per-client mechanisms, Centralized for the distributed one),
 on the same resamples; it is shown only where that counterpart beats public text significantly.
 
@@ -47,16 +48,20 @@ def _window_nll(result: dict, dataset: str) -> np.ndarray:
 
 
 class Paired:
-    """Per-window NLL differences of a row against public-only, (seeds, windows), and the
-    bootstrap resamples shared by every row of one sparsity."""
+    """Per-window NLL differences of a row against public-only, (seeds, noise draws, windows), and
+    the bootstrap resamples shared by every row of one sparsity: seeds, then within each resampled
+    seed its noise draws, then windows (a row without noise has one draw per seed)."""
 
-    def __init__(self, seeds: int, windows: int, rng: np.random.Generator):
+    def __init__(self, seeds: int, draws: int, windows: int, rng: np.random.Generator):
         self.seed_draws = rng.integers(0, seeds, size=(BOOTSTRAP, seeds))
         self.window_draws = rng.integers(0, windows, size=(BOOTSTRAP, windows))
+        self.noise_draws = rng.integers(0, draws, size=(BOOTSTRAP, seeds, draws))
 
     def resampled(self, diff: np.ndarray) -> np.ndarray:
         """The mean difference in every bootstrap resample."""
-        return np.array([diff[s][:, w].mean() for s, w in zip(self.seed_draws, self.window_draws)])
+        noise = self.noise_draws if diff.shape[1] > 1 else np.zeros_like(self.noise_draws[:, :, :1])
+        return np.array([diff[s[:, None], r][:, :, w].mean()
+                         for s, r, w in zip(self.seed_draws, noise, self.window_draws)])
 
 
 def _interval(values: np.ndarray) -> tuple[float, float]:
@@ -77,7 +82,8 @@ def _mechanism(row: str) -> str | None:
 
 
 def _summaries(spec: dict, kind: str, dataset: str) -> dict:
-    """sparsity -> row -> {ppl, guards, delta, ci, draws}: the pooled figures of every row."""
+    """sparsity -> row -> {ppl, guards, delta, ci, draws}: the pooled figures of every row (a DP
+    row's over its noise draws too; ``draws`` are the bootstrap's)."""
     by_sparsity: dict[float, list[dict]] = {}
     for cell in spec["evals"][kind]:
         by_sparsity.setdefault(float(cell["sparsity"]), []).append(cell)
@@ -85,18 +91,22 @@ def _summaries(spec: dict, kind: str, dataset: str) -> dict:
     out = {}
     for sparsity, cells in sorted(by_sparsity.items()):
         cells = sorted(cells, key=lambda c: c["seed"])
-        results = [{row: _load(path) for row, path in c["rows"].items()} for c in cells]
+        # per seed, row -> the evaluations of its noise draws (one for a row without noise)
+        results = [{row: [_load(path)] + [_load(d["rows"][row]) for d in c.get("draws", []) if row in d["rows"]]
+                    for row, path in c["rows"].items()} for c in cells]
         rows = list(cells[0]["rows"])
-        public = np.stack([_window_nll(r["public"], dataset) for r in results])
-        paired = Paired(len(cells), public.shape[1], np.random.default_rng(0))
+        public = np.stack([[_window_nll(r["public"][0], dataset)] for r in results])
+        paired = Paired(len(cells), max(len(v) for r in results for v in r.values()), public.shape[2],
+                        np.random.default_rng(0))
         out[sparsity] = {}
         for row in rows:
-            nll = np.stack([_window_nll(r[row], dataset) for r in results])
+            nll = np.stack([[_window_nll(e, dataset) for e in r[row]] for r in results])
             diff = nll - public
             draws = paired.resampled(diff)
             out[sparsity][row] = {
                 "ppl": math.exp(nll.mean()),
-                "guards": {g: math.exp(np.mean([r[row]["perplexity"][g]["nll"] for r in results])) for g in guards},
+                "guards": {g: math.exp(np.mean([e["perplexity"][g]["nll"] for r in results for e in r[row]]))
+                           for g in guards},
                 "delta": float(diff.mean()), "ci": _interval(draws), "draws": draws,
                 "seeds": [c["seed"] for c in cells],
             }
@@ -127,28 +137,37 @@ def _guarantees(record: dict) -> dict[str, dict]:
     return {label: {"noise": SEEDED, **json.loads(r["guarantee"])} for label, r in record["releases"].items()}
 
 
-def _pool_ledgers(spec: dict) -> dict[tuple[str, int], Ledger]:
-    """(kind, data seed) -> the ledger of that pool over every pass on it (every detailed
-    sparsity). A record without a ledger (written before one release served several estimators)
-    had one noisy release per label."""
-    passes: dict[tuple[str, int], list[Ledger]] = {}
+def _records(cell: dict) -> list[tuple[int, str]]:
+    """(noise draw, pass record) of a setting's DP passes."""
+    if not cell.get("record"):
+        return []
+    return [(0, cell["record"])] + [(i, d["record"]) for i, d in enumerate(cell.get("draws", []), start=1)]
+
+
+def _pool_ledgers(spec: dict) -> dict[tuple[str, int, int], Ledger]:
+    """(kind, data seed, noise draw) -> the ledger of that pool over every pass on it (every
+    detailed sparsity). Noise draws are replicates of the study (a deployment releases one), so
+    each has its own ledger. A record without a ledger (written before one release served several
+    estimators) had one noisy release per label."""
+    passes: dict[tuple[str, int, int], list[Ledger]] = {}
     for kind, cells in spec["evals"].items():
         for cell in cells:
-            if not cell.get("record"):
-                continue
-            record = _load(cell["record"])
-            if "ledger" in record:
-                ledger = Ledger(record["ledger"]["pool"], record["ledger"]["releases"], record["ledger"]["diagnostics"])
-            else:
-                ledger = Ledger(record["public"])
-                for label, header in _guarantees(record).items():
-                    ledger.add_release(label, header, [header.get("estimator", "threshold")], [])
-            passes.setdefault((kind, int(cell["seed"])), []).append(ledger)
-    pools = {pool: Ledger.merged(f"{pool[0]} s{pool[1]}", ledgers) for pool, ledgers in passes.items()}
+            for draw, path in _records(cell):
+                record = _load(path)
+                if "ledger" in record:
+                    ledger = Ledger(record["ledger"]["pool"], record["ledger"]["releases"],
+                                    record["ledger"]["diagnostics"])
+                else:
+                    ledger = Ledger(record["public"])
+                    for label, header in _guarantees(record).items():
+                        ledger.add_release(label, header, [header.get("estimator", "threshold")], [])
+                passes.setdefault((kind, int(cell["seed"]), draw), []).append(ledger)
+    pools = {pool: Ledger.merged(f"{pool[0]} s{pool[1]}" + (f" n{pool[2]}" if pool[2] else ""), ledgers)
+             for pool, ledgers in passes.items()}
     for diagnostic in spec.get("diagnostics", []):
-        pool = (diagnostic["kind"], int(diagnostic["seed"]))
-        if pool in pools and Path(diagnostic["path"]).is_file():
-            pools[pool].add_diagnostic(diagnostic["label"], diagnostic["reads"])
+        for (kind, seed, _), ledger in pools.items():
+            if (kind, seed) == (diagnostic["kind"], int(diagnostic["seed"])) and Path(diagnostic["path"]).is_file():
+                ledger.add_diagnostic(diagnostic["label"], diagnostic["reads"])
     return pools
 
 
@@ -157,8 +176,8 @@ def _row_guarantees(spec: dict) -> dict[tuple[str, float], dict[str, list[dict]]
     out: dict = {}
     for kind, cells in spec["evals"].items():
         for cell in cells:
-            if cell.get("record"):
-                for label, header in _guarantees(_load(cell["record"])).items():
+            for _, path in _records(cell):
+                for label, header in _guarantees(_load(path)).items():
                     out.setdefault((kind, float(cell["sparsity"])), {}).setdefault(label, []).append(header)
     return out
 
@@ -194,7 +213,7 @@ def domain_table(spec: dict) -> list[Path]:
                 if mechanism:
                     headers = guarantees.get((kind, sparsity), {}).get(row, [])
                     noise = SIMULATION_LABEL if any(h["noise"] == SEEDED for h in headers) else "secret"
-                    pools = [ledgers[kind, seed] for seed in s["seeds"] if (kind, seed) in ledgers]
+                    pools = [ledger for (k, seed, _), ledger in ledgers.items() if k == kind and seed in s["seeds"]]
                     if any(ledger.diagnostics for ledger in pools):
                         pool = "∞ (non-private diagnostic)"
                     elif pools:
@@ -227,6 +246,8 @@ def _header(spec, summaries, dense, worse, checks, audits) -> list[str]:
     guards = ", ".join(f"{DATASET_TITLES.get(g, g)} {first[g]['windows']} of {first[g]['total_windows']}"
                        for g in spec["evaluation"]["guards"])
     seeds = sorted({c["seed"] for c in spec["evals"]["private"]})
+    noise_draws = 1 + max((len(c.get("draws", [])) for cells in spec["evals"].values() for c in cells), default=0)
+    over = "seeds and windows" if noise_draws == 1 else f"seeds, {noise_draws} noise draws per seed (DP rows) and windows"
     c4 = spec.get("eval_c4_docs")
     lines = [
         f"Model: {spec['model']}; config {spec['config']}; written by {written_by()}.",
@@ -242,8 +263,8 @@ def _header(spec, summaries, dense, worse, checks, audits) -> list[str]:
         f"fewer windows ({guards}, evenly spaced). Weights and activations in "
         f"{spec['evaluation']['dtype']} (masks computed in float32; the Dense rows show what that dtype changes).",
         "Every mask is Wanda with row comparison; FedPrLLM aggregates with layer comparison. Δ: paired against "
-        "public-only on the same windows and data seed, exp(mean NLL difference) − 1 over seeds and windows; "
-        f"95 % interval: bootstrap over seeds and windows ({BOOTSTRAP} resamples).",
+        f"public-only on the same windows and data seed, exp(mean NLL difference) − 1 over {over}; "
+        f"95 % interval: bootstrap over {over} ({BOOTSTRAP} resamples).",
         f"DP (replace one protected unit, stated below; δ = {spec['delta']:g}): statistics through the public "
         "mask's prefix, each window's channel energies as deviations from the public text's, clipped to "
         f"{spec['clip']:g} × the public samples' rms deviation (sensitivity 2 × clip: signed), Gaussian noise, "
@@ -299,9 +320,13 @@ def _privacy_lines(spec, guarantees, ledgers) -> list[str]:
     if any(h["noise"] == SEEDED for h in headers):
         lines.append(f"Noise: seeded from the data seed (a simulation of the clients' secrets): every DP row is "
                      f"{SIMULATION_LABEL}; a site's release draws its noise from the OS (fedlib.dp.samplers).")
-    for (kind, seed), ledger in sorted(ledgers.items()):
+    if any(draw for _, _, draw in ledgers):
+        lines.append("Noise draws: replicates of the study, each its own seeded world (a deployment releases one), "
+                     "so a pool's ε is counted per draw, not summed over them.")
+    for (kind, seed, draw), ledger in sorted(ledgers.items()):
         estimators = sum(len(r["estimators"]) for r in ledger.releases)
-        lines.append(f"Ledger, {kind} pool of data seed {seed}: {len(ledger.releases)} noisy releases "
+        lines.append(f"Ledger, {kind} pool of data seed {seed}{f', noise draw {draw}' if draw else ''}: "
+                     f"{len(ledger.releases)} noisy releases "
                      f"({estimators} estimator masks as post-processing) compose to ε = {ledger.dp_epsilon:.1f} at "
                      f"δ = {ledger.delta:.1g} (RDP); each row's ε is its own release's."
                      + "".join(f" Non-private diagnostic on this pool: the {d['label']} (reads {d['reads']}; not DP), "

@@ -13,6 +13,7 @@ wildcard_constraints:
     kind="private|control",
     dseed=r"\d+",
     dsp=r"[0-9.]+",
+    dpdir=r"dp(-n[1-9]\d*)?",
 
 
 rule domain_pool:
@@ -141,18 +142,18 @@ rule domain_fedprllm:
 
 rule domain_dp:
     """One pass of the clients' data through the public mask's prefix: every DP mechanism's masks
-    at every ε (fedlib.privacy.stages.dp_federation)."""
+    at every ε (fedlib.privacy.stages.dp_federation), for one noise draw (folder dp, dp-n1, ...)."""
     input:
         model=MODEL_READY,
         public=f"{DOMAIN_BASE}/pools/public-s{{dseed}}.safetensors",
         clients=lambda wc: [DOMAIN.shard(wc.kind, wc.dseed, c) for c in range(DOMAIN.d["clients"])],
     output:
         masks=DOMAIN.dp_file_patterns(),
-        record=f"{DOMAIN_BASE}/{{kind}}/s{{dseed}}/sp{{dsp}}/dp/pass.json",
+        record=f"{DOMAIN_BASE}/{{kind}}/s{{dseed}}/sp{{dsp}}/{{dpdir}}/pass.json",
     log:
-        f"{LOGS}/domain/{{kind}}/s{{dseed}}/sp{{dsp}}/dp.log",
+        f"{LOGS}/domain/{{kind}}/s{{dseed}}/sp{{dsp}}/{{dpdir}}.log",
     benchmark:
-        f"{BENCH}/domain/{{kind}}/s{{dseed}}/sp{{dsp}}/dp.tsv"
+        f"{BENCH}/domain/{{kind}}/s{{dseed}}/sp{{dsp}}/{{dpdir}}.tsv"
     conda:
         "../../envs/fedlib.yaml"
     threads: 1
@@ -162,13 +163,14 @@ rule domain_dp:
     params:
         model=model_folder,
         releases=json.dumps(DOMAIN.releases()),
-        out_dir=lambda wc: DOMAIN.dp_dir(wc.kind, wc.dsp, wc.dseed),
+        out_dir=lambda wc: DOMAIN.dp_dir(wc.kind, wc.dsp, wc.dseed, DOMAIN.draw_of(wc.dpdir)),
+        noise_seed=lambda wc: DOMAIN.noise_seed(wc.dseed, DOMAIN.draw_of(wc.dpdir)),
         batch_size=PRUNE_BATCH,
         placement=PLACEMENT_ARGS,
     shell:
         f"{FEDLIB} privacy dp-federation --model {{params.model}} --public {{input.public}} "
         "--calib {input.clients} --method wanda --sparsity {wildcards.dsp} --local-group row --seed 0 "
-        "--releases {params.releases:q} --noise-seed {wildcards.dseed} --out-dir {params.out_dir} "
+        "--releases {params.releases:q} --noise-seed {params.noise_seed} --out-dir {params.out_dir} "
         "--record {output.record} --batch-size {params.batch_size} {params.placement} --threads {threads} "
         "> {log} 2>&1"
 
@@ -177,14 +179,14 @@ rule domain_dp_fedprllm:
     """FedPrLLM (layer comparison) over the clients' normalised DP masks of one release."""
     input:
         model=MODEL_READY,
-        masks=lambda wc: DOMAIN.dp_client_masks(wc.kind, wc.dsp, wc.dseed, wc.label),
+        masks=lambda wc: DOMAIN.dp_client_masks(wc.kind, wc.dsp, wc.dseed, wc.label, DOMAIN.draw_of(wc.dpdir)),
     output:
-        mask=f"{DOMAIN_BASE}/{{kind}}/s{{dseed}}/sp{{dsp}}/dp/{{label}}/fedprllm.mask.safetensors",
-        report=f"{DOMAIN_BASE}/{{kind}}/s{{dseed}}/sp{{dsp}}/dp/{{label}}/fedprllm.mask.clients.json",
+        mask=f"{DOMAIN_BASE}/{{kind}}/s{{dseed}}/sp{{dsp}}/{{dpdir}}/{{label}}/fedprllm.mask.safetensors",
+        report=f"{DOMAIN_BASE}/{{kind}}/s{{dseed}}/sp{{dsp}}/{{dpdir}}/{{label}}/fedprllm.mask.clients.json",
     log:
-        f"{LOGS}/domain/{{kind}}/s{{dseed}}/sp{{dsp}}/dp/{{label}}/fedprllm.log",
+        f"{LOGS}/domain/{{kind}}/s{{dseed}}/sp{{dsp}}/{{dpdir}}/{{label}}/fedprllm.log",
     benchmark:
-        f"{BENCH}/domain/{{kind}}/s{{dseed}}/sp{{dsp}}/dp/{{label}}/fedprllm.tsv"
+        f"{BENCH}/domain/{{kind}}/s{{dseed}}/sp{{dsp}}/{{dpdir}}/{{label}}/fedprllm.tsv"
     wildcard_constraints:
         label=r"[a-z_]+-[0-9.]+",
     conda:
