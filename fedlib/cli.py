@@ -381,10 +381,12 @@ def cmd_eval_windows(args) -> None:
     data_dir = parse_data_dir(args.data_dir)
     c4_docs = tuple(args.c4_docs) if args.c4_docs else None
     windows, total = evaluation_windows(tokenizer, args.dataset, data_dir, args.seqlen,
-                                        args.windows, c4_docs)
+                                        args.windows, c4_docs, args.split)
     note = C4_HELDOUT_NOTE if args.dataset == "c4" and data_dir is not None else ""
+    # the split only when asked for: the evaluation split's files keep their bytes
     save_tokens(Path(args.out), windows, dataset=args.dataset, total_windows=total,
-                c4_docs=args.c4_docs, note=note, data_dir=str(args.data_dir))
+                c4_docs=args.c4_docs, note=note, data_dir=str(args.data_dir),
+                **({"split": args.split} if args.split else {}))
     print(f"wrote {args.out}: {windows.shape[0]} of {total} windows of {args.seqlen} tokens")
 
 
@@ -401,7 +403,8 @@ def cmd_evaluate(args) -> None:
                                   variant=variant.decision)
     results = {}
     for (ids, meta), row in zip(loaded, rows):
-        row.update(total_windows=meta.get("total_windows"), seqlen=int(ids.shape[1]), note=meta.get("note", ""))
+        row.update(total_windows=meta.get("total_windows"), seqlen=int(ids.shape[1]), note=meta.get("note", ""),
+                   **({"split": meta["split"]} if "split" in meta else {}))
         results[meta["dataset"]] = row
         print(f"{args.label} {meta['dataset']}: ppl {row['ppl']:.3f} on {row['windows']} windows")
     _write_json(Path(args.out), {
@@ -675,6 +678,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="offline mirror folder (auto: ../shared/data, else resources/data); omit for the hub")
     p.add_argument("--seqlen", type=int, default=512, help="tokens per window")
     p.add_argument("--windows", type=int, default=None, help="evenly spaced subset; all when omitted")
+    p.add_argument("--split", choices=["validation"], default=None,
+                   help="another split than the dataset's evaluation split (ptb, wikitext2): validation, to "
+                        "choose settings apart from the test windows")
     add_c4_docs_argument(p, "C4 validation documents to tokenize (default: all)")
     p.add_argument("--out", required=True, help="the token file to write")
 

@@ -229,13 +229,17 @@ def _windows_from_documents(tokenizer, docs, nsamples, seqlen, rng, what) -> tor
 # --------------------------------------------------------------------------- evaluation
 
 
-def evaluation_text(dataset: str, data_dir: Path | None, c4_docs: tuple[int, int] | None) -> str:
-    """The evaluation text, joined as Wanda/SparseGPT join it."""
+def evaluation_text(dataset: str, data_dir: Path | None, c4_docs: tuple[int, int] | None,
+                    split: str | None = None) -> str:
+    """The evaluation text, joined as Wanda/SparseGPT join it: the dataset's evaluation split, or
+    ``split`` (``validation``: held out from the test split, for choosing settings)."""
     if dataset not in TEXT_DATASETS:
         raise DataError(f"unknown evaluation dataset {dataset!r}; known: {TEXT_DATASETS}")
+    if split is not None and dataset == "c4":
+        raise DataError("c4: its evaluation text is held-out documents (c4_docs), not a split")
     if dataset == "c4" and data_dir is None:
         return " ".join(c4_documents(None, "validation")[:1100])
-    split = "test" if data_dir is None else EVALUATION_SPLIT[dataset]
+    split = split or ("test" if data_dir is None else EVALUATION_SPLIT[dataset])
     if dataset == "wikitext2":
         return "\n\n".join(wikitext2_rows(data_dir, split))
     if dataset == "ptb":
@@ -250,13 +254,15 @@ def evaluation_windows(
     seqlen: int,
     max_windows: int | None = None,
     c4_docs: tuple[int, int] | None = None,
+    split: str | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """Non-overlapping ``seqlen`` windows of the evaluation text, and how many there are in all.
+    """Non-overlapping ``seqlen`` windows of the evaluation text (:func:`evaluation_text`), and
+    how many there are in all.
 
     With ``max_windows`` set, that many windows evenly spaced over the whole text (not just
     its first articles), always the same ones.
     """
-    ids = tokenizer(evaluation_text(dataset, data_dir, c4_docs), return_tensors="pt").input_ids[0]
+    ids = tokenizer(evaluation_text(dataset, data_dir, c4_docs, split), return_tensors="pt").input_ids[0]
     total = ids.numel() // seqlen
     if total == 0:
         raise DataError(f"{dataset}: {ids.numel()} tokens, fewer than one window of {seqlen}")

@@ -509,14 +509,15 @@ def _cmd_dp_headroom(args) -> None:
     from fedlib.runner import Placement
 
     model, pruning, public, clients = _dp_federation_inputs(args)
-    windows, _ = load_tokens(Path(args.windows))
+    windows, windows_meta = load_tokens(Path(args.windows))
     names = [info.name for info in prunable_layers(model)]
     digest = tokens_digest(public)
     variants = variants_from_spec(json.loads(args.variants), args.noise_seeds, args.clip, names, len(clients), digest)
     eval_placement = Placement.resolve(args.device, args.eval_dtype)
     record = headroom(model, open_model(args.model, eval_placement.dtype), public, clients, windows, pruning,
                       eval_placement, variants, args.eval_threads)
-    record.update(public=digest, clip=args.clip, windows_file=str(args.windows), eval_dtype=args.eval_dtype)
+    record.update(public=digest, clip=args.clip, windows_file=str(args.windows), eval_dtype=args.eval_dtype,
+                  **({"split": windows_meta["split"]} if "split" in windows_meta else {}))
     _write_json(args.out, record)
     print(f"wrote {args.out}: {len(record['rows'])} rows")
 

@@ -80,7 +80,9 @@ def test_test_config_passes_and_is_not_changed():
 
 @pytest.mark.parametrize("overlays", [(), ("config/gemma.yaml",), ("config/paper.yaml",), ("config/domain_quick.yaml",),
                                       ("config/domain_quick.yaml", "config/domain_samples.yaml"),
-                                      ("config/domain_quick.yaml", "config/domain_samples.yaml", "config/domain_n1024.yaml")])
+                                      ("config/domain_quick.yaml", "config/domain_samples.yaml", "config/domain_n1024.yaml"),
+                                      ("config/domain_quick.yaml", "config/domain_samples.yaml", "config/domain_n1024.yaml",
+                                       "config/domain_heldout.yaml")])
 def test_shipped_configs_pass(overlays, monkeypatch):
     """config.yaml, and the files a user passes with --configfile merged over it in order (as
     Snakemake does). paper.yaml names a hub model: online it is fetched by the first job."""

@@ -50,3 +50,30 @@ def test_noise_seeds_of_draws_are_distinct_and_draw_zero_keeps_the_data_seed():
     assert all(0 <= v < 2**63 for v in seeds.values())
     assert [DomainCatalog.dp_name(d) for d in range(3)] == ["dp", "dp-n1", "dp-n2"]
     assert [DomainCatalog.draw_of(DomainCatalog.dp_name(d)) for d in range(3)] == [0, 1, 2]
+
+
+def test_validation_split_is_its_own_text_and_c4_has_none(data_dir):
+    from fedlib.data import DataError, evaluation_text
+
+    validation = evaluation_text("ptb", data_dir, None, "validation")
+    test = evaluation_text("ptb", data_dir, None)
+    assert validation == " ".join(line.strip() for line in (data_dir / "ptb" / "validation.txt").read_text().splitlines())
+    assert test != validation and validation not in test
+    with pytest.raises(DataError, match="c4: its evaluation text is held-out documents"):
+        evaluation_text("c4", data_dir, (0, 10), "validation")
+
+
+def test_headroom_refuses_evaluations_of_another_split(tmp_path):
+    """The analysis scored on validation windows is paired only with public-only and Centralized
+    scored on validation too (their windows are others)."""
+    import json
+
+    from fedlib.studies.headroom import headroom_table
+
+    (tmp_path / "headroom.json").write_text(json.dumps({"split": "validation", "rows": []}))
+    scored = {"perplexity": {"ptb": {"window_nll": [1.0, 2.0], "split": "validation"}}}
+    (tmp_path / "public.json").write_text(json.dumps(scored))
+    (tmp_path / "central.json").write_text(json.dumps({"perplexity": {"ptb": {"window_nll": [1.0, 2.0]}}}))
+    with pytest.raises(ValueError, match=r"central\.json: scored on ptb test, the analysis on validation"):
+        headroom_table(tmp_path / "headroom.json", tmp_path / "public.json", tmp_path / "central.json", "ptb",
+                       tmp_path / "out.md", "test")

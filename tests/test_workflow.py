@@ -546,17 +546,24 @@ def test_domain_target_runs(domain_run):
     md = (tmp_path / "reports" / "domain.md").read_text()
     assert "Worse than public-only beyond the interval" in md and "Audited ε ≤ proven ε" in md
     assert (tmp_path / "reports" / "domain.png").stat().st_size > 0
-    # domain_headroom over the study's files: the pass and its table, paired against the same windows
+    # domain_headroom over the study's files, scored on PTB validation (where an estimator is chosen, apart
+    # from the test windows the study scores): the pass and its table, paired against the same windows
     (tmp_path / "headroom.yaml").write_text(
         "domain:\n  headroom:\n    variants: [{estimator: posterior, epsilon: 8, multipliers: [1, 4]},\n"
-        "      {estimator: threshold, epsilon: 8}]\n    noise_seeds: [0, 1]\n")
+        "      {estimator: threshold, epsilon: 8}]\n    noise_seeds: [0, 1]\n    split: validation\n")
     snakemake(tmp_path, "domain_headroom", "--configfile", "config.yaml", "headroom.yaml", "--set-threads",
               "domain_headroom_pass=2")
     record = json.loads((base / "private/s0/sp0.5/headroom.json").read_text())
     assert [r["label"] for r in record["rows"]] == ["exact", "posterior-eps8-x1-n0", "posterior-eps8-x1-n1",
                                                     "posterior-eps8-x4-n0", "posterior-eps8-x4-n1",
                                                     "threshold-eps8-x1-n0", "threshold-eps8-x1-n1"]
-    public = json.loads((base / "public/s0/sp0.5/public.eval.json").read_text())["perplexity"]["ptb"]
+    validation, meta = load_tokens(base / "eval_windows/ptb-validation.safetensors")
+    test = load_tokens(base / "eval_windows/ptb.safetensors")[0]
+    assert meta["split"] == "validation" and record["split"] == "validation"
+    assert validation.shape == test.shape and not set(map(tuple, validation.tolist())) & set(map(tuple, test.tolist()))
+    public = json.loads((base / "public/s0/sp0.5/public.validation.json").read_text())["perplexity"]["ptb"]
+    assert public["split"] == "validation" and "split" not in json.loads(
+        (base / "public/s0/sp0.5/public.eval.json").read_text())["perplexity"]["ptb"]
     assert all(len(r["window_nll"]) == public["windows"] for r in record["rows"])
     # 4 samples at ε = 8: the threshold keeps the public prior, scored as `fedlib evaluate` scored the
     # public mask (same threads: bfloat16 sums depend on them), window for window
@@ -564,7 +571,8 @@ def test_domain_target_runs(domain_run):
     assert all(r["moved_coordinates"] == 0 and r["window_nll"] == public["window_nll"] for r in quiet)
     headroom = list(csv.reader((tmp_path / "reports" / "headroom.csv").open()))
     assert [r[2] for r in headroom[1:]] == ["1", "1", "4", "1"] and [r[4] for r in headroom[1:]] == ["1", "2", "2", "2"]
-    assert f"Public-only ptb ppl {public['ppl']:.2f}" in (tmp_path / "reports" / "headroom.md").read_text()
+    headroom_md = (tmp_path / "reports" / "headroom.md").read_text()
+    assert f"Public-only ptb ppl {public['ppl']:.2f}" in headroom_md and "ptb validation windows" in headroom_md
 
 
 def test_domain_report_pools_data_seeds_and_noise_draws(domain_run, tmp_path):

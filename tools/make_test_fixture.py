@@ -17,13 +17,15 @@ from pathlib import Path
 
 # lines (text files) or rows (JSONL) kept from the mirror: enough for the calibration and
 # evaluation ranges of .test/config.yaml and its study targets (the non-IID pool mixes in
-# WikiText-2 validation and PTB train windows), small enough to commit
+# WikiText-2 validation and PTB train windows; the domain study's headroom scores PTB validation),
+# small enough to commit
 DATA_SLICES = {
     "c4/train.jsonl": 60,
     "wikitext2/test.txt": 200,
     "wikitext2/validation.txt": 200,
     "ptb/test.txt": 200,
     "ptb/train.txt": 200,
+    "ptb/validation.txt": 200,
     "zeroshot/rte.jsonl": 8,
     "zeroshot/arc_easy.jsonl": 8,
 }

@@ -248,18 +248,36 @@ class DomainCatalog:
     def headroom_json(self) -> str:
         return f"{self.setting('private', *self.headroom_setting())}/headroom.json"
 
+    def headroom_split(self) -> str:
+        """The in-domain split the analysis scores on: ``test`` (the study's windows) or
+        ``validation`` (held out from them, to choose an estimator where the study does not score)."""
+        return (self.d["headroom"] or {}).get("split", "test")
+
+    def headroom_windows(self) -> str:
+        if self.headroom_split() == "test":
+            return self.eval_windows(self.d["private"])
+        return self.validation_windows(self.d["private"])
+
+    def validation_windows(self, dataset: str) -> str:
+        return f"{self.base}/eval_windows/{dataset}-validation.safetensors"
+
+    @staticmethod
+    def validation_json(mask: str) -> str:
+        return mask.removesuffix(".mask.safetensors") + ".validation.json"
+
     def headroom_evals(self) -> dict[str, str]:
-        """The public-only and Centralized evaluations the analysis is paired against."""
+        """The public-only and Centralized evaluations the analysis is paired against, on its windows."""
         sparsity, seed = self.headroom_setting()
-        return {"public": self.eval_json(self.public_mask(sparsity, seed)),
-                "central": self.eval_json(self.mask("private", sparsity, seed, "central"))}
+        scored = self.eval_json if self.headroom_split() == "test" else self.validation_json
+        return {"public": scored(self.public_mask(sparsity, seed)),
+                "central": scored(self.mask("private", sparsity, seed, "central"))}
 
     def headroom(self) -> dict:
-        """``domain.headroom`` (its variants and noise seeds), or a clear error where it is not set."""
+        """``domain.headroom`` (its variants, noise seeds and split), or a clear error where it is not set."""
         if not self.d["headroom"]:
             raise ValueError("target domain_headroom: the config has no domain.headroom (its variants and noise seeds; "
                              "see config/domain_samples.yaml)")
-        return {"noise_seeds": [0], **self.d["headroom"]}
+        return {"noise_seeds": [0], "split": "test", **self.d["headroom"]}
 
     def headroom_outputs(self) -> dict[str, str]:
         return {ext: f"{self.catalog.reports}/headroom.{ext}" for ext in ("md", "csv")}

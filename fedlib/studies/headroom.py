@@ -63,6 +63,11 @@ def headroom_table(headroom: Path, public_eval: Path, central_eval: Path, datase
 
     record = _load(headroom)
     public, central = _load(public_eval), _load(central_eval)
+    split = record.get("split", "test")
+    for path, result in ((public_eval, public), (central_eval, central)):
+        if result["perplexity"][dataset].get("split", "test") != split:
+            raise ValueError(f"{path}: scored on {dataset} {result['perplexity'][dataset].get('split', 'test')}, "
+                             f"the analysis on {split}: pair them on the same windows")
     pub_nll, cen_nll = _window_nll(public, dataset), _window_nll(central, dataset)
     summary = headroom_summary(record, pub_nll, cen_nll)
     gain = math.expm1(float((cen_nll - pub_nll).mean()))
@@ -71,9 +76,11 @@ def headroom_table(headroom: Path, public_eval: Path, central_eval: Path, datase
         "",
         f"- {provenance}; written by {written_by()}",
         f"- Clients' samples: {record['samples']} ({record['clients']} clients); clip {record['clip']:g} × the public "
-        f"scale; {record['coordinates']} released coordinates; evaluation: {record['windows']} {dataset} test windows "
-        f"in {record['eval_dtype']} on {record['eval_threads']} CPU thread(s), the study's public-only and "
-        f"Centralized rows' windows.",
+        f"scale; {record['coordinates']} released coordinates; evaluation: {record['windows']} {dataset} {split} windows "
+        f"in {record['eval_dtype']} on {record['eval_threads']} CPU thread(s), "
+        + ("the study's public-only and Centralized rows' windows." if split == "test" else
+           "held out from the study's test windows (an estimator chosen here is not chosen where it is scored); "
+           "public-only and Centralized scored on them too."),
         f"- Public-only {dataset} ppl {math.exp(pub_nll.mean()):.2f}; Centralized {math.exp(cen_nll.mean()):.2f} "
         f"({gain:+.1%}): the gain a row keeps is its Δ over this one.",
         "- Rows (fedlib.privacy.dp_headroom): the exact private energies through the public prefix; the "

@@ -210,6 +210,8 @@ rule domain_eval_windows:
         f"{LOGS}/domain/eval_windows/{{dataset}}.log",
     benchmark:
         f"{BENCH}/domain/eval_windows/{{dataset}}.tsv"
+    wildcard_constraints:
+        dataset=r"[a-z0-9]+",
     localrule: True
     conda:
         "../../envs/fedlib.yaml"
@@ -223,23 +225,52 @@ rule domain_eval_windows:
         "--seqlen {params.seqlen} {params.args} --out {output} > {log} 2>&1"
 
 
+rule domain_validation_windows:
+    """The in-domain validation split, as many evenly spaced windows as the study scores on test:
+    where the headroom analysis chooses an estimator (domain.headroom.split: validation)."""
+    input:
+        model=MODEL_READY,
+    output:
+        DOMAIN.validation_windows("{dataset}"),
+    log:
+        f"{LOGS}/domain/eval_windows/{{dataset}}-validation.log",
+    benchmark:
+        f"{BENCH}/domain/eval_windows/{{dataset}}-validation.tsv"
+    wildcard_constraints:
+        dataset=r"[a-z0-9]+",
+    localrule: True
+    conda:
+        "../../envs/fedlib.yaml"
+    params:
+        model=model_folder,
+        data_dir=data_dir_arg(),
+        seqlen=EVAL["seqlen"],
+        args=lambda wc: DOMAIN.eval_window_args(wc.dataset),
+    shell:
+        f"{FEDLIB} eval-windows --model {{params.model}} --data-dir {{params.data_dir}} --dataset {{wildcards.dataset}} "
+        "--split validation --seqlen {params.seqlen} {params.args} --out {output} > {log} 2>&1"
+
+
 DOMAIN_WINDOWS = [DOMAIN.eval_windows(d) for d in DOMAIN.eval_datasets()]
 
 
 rule domain_eval:
-    """Perplexity of one of the study's masks, per window (paired comparisons)."""
+    """Perplexity of one of the study's masks, per window (paired comparisons): on the study's
+    windows (.eval.json), or on the in-domain validation windows (.validation.json: the headroom
+    analysis's, domain.headroom.split)."""
     input:
         model=MODEL_READY,
         mask=f"{DOMAIN_BASE}/{{path}}.mask.safetensors",
-        windows=DOMAIN_WINDOWS,
+        windows=lambda wc: (DOMAIN_WINDOWS if wc.scored == "eval" else [DOMAIN.validation_windows(DOMAIN.d["private"])]),
     output:
-        f"{DOMAIN_BASE}/{{path}}.eval.json",
+        f"{DOMAIN_BASE}/{{path}}.{{scored}}.json",
     log:
-        f"{LOGS}/domain/{{path}}.eval.log",
+        f"{LOGS}/domain/{{path}}.{{scored}}.log",
     benchmark:
-        f"{BENCH}/domain/{{path}}.eval.tsv"
+        f"{BENCH}/domain/{{path}}.{{scored}}.tsv"
     wildcard_constraints:
         path=r"(private|control|public)/.+",
+        scored="eval|validation",
     conda:
         "../../envs/fedlib.yaml"
     threads: 1
@@ -337,7 +368,7 @@ rule domain_headroom_pass:
         model=MODEL_READY,
         public=DOMAIN.pool("public", DOMAIN.headroom_setting()[1]),
         clients=[DOMAIN.shard("private", DOMAIN.headroom_setting()[1], c) for c in range(DOMAIN.d["clients"])],
-        windows=DOMAIN.eval_windows(DOMAIN.d["private"]),
+        windows=DOMAIN.headroom_windows(),
     output:
         DOMAIN.headroom_json(),
     log:
