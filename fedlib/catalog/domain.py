@@ -273,11 +273,12 @@ class DomainCatalog:
                 "central": scored(self.mask("private", sparsity, seed, "central"))}
 
     def headroom(self) -> dict:
-        """``domain.headroom`` (its variants, noise seeds and split), or a clear error where it is not set."""
+        """``domain.headroom`` (its variants and noise seeds; its split: :meth:`headroom_split`), or a clear
+        error where it is not set."""
         if not self.d["headroom"]:
             raise ValueError("target domain_headroom: the config has no domain.headroom (its variants and noise seeds; "
                              "see config/domain_samples.yaml)")
-        return {"noise_seeds": [0], "split": "test", **self.d["headroom"]}
+        return {"noise_seeds": [0], **self.d["headroom"]}
 
     def headroom_outputs(self) -> dict[str, str]:
         return {ext: f"{self.catalog.reports}/headroom.{ext}" for ext in ("md", "csv")}
