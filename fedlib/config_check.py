@@ -333,6 +333,15 @@ def _check_domain(cfg: dict, workdir: Path, problems: _Problems) -> None:
             for key, span in valid.items():
                 if span[1] > count:
                     problems.add(key, span, f"a range within the {count} documents of {c4}")
+    control = valid.get("domain.control_docs")
+    wanted = d["clients"] * d["samples"]
+    if control and d["control"]["sparsities"] and d["sampling"] == "disjoint" \
+            and (control[1] - control[0]) * d["windows_per_unit"] < wanted:
+        # necessary, not sufficient: a document shorter than a window gives none (the pool job counts those)
+        problems.add("domain.control_docs", control, f"at least {wanted} documents / domain.windows_per_unit = "
+                     f"{d['windows_per_unit']} (the control clients' {d['clients']} x {d['samples']} windows, at most "
+                     "windows_per_unit from a document), or domain.control.sparsities: [] (no negative control)",
+                     f"{control[1] - control[0]} documents give at most {(control[1] - control[0]) * d['windows_per_unit']}")
     extra = sorted(set(map(float, d["detail_sparsities"])) - set(map(float, d["sparsities"])))
     if extra:
         problems.add("domain.detail_sparsities", d["detail_sparsities"], f"a subset of domain.sparsities = {d['sparsities']}",

@@ -532,6 +532,8 @@ def test_privacy_dp_epsilons_are_distinct_and_finite():
      "C4 documents 20–24 would be both public and the control clients' private text"),
     ("domain.public_docs", [30, 20], "[start, stop) with start < stop", None),
     ("domain.control_docs", [25, 70], "a range within the 60 documents of", None),
+    ("domain.control_docs", [25, 27], "at least 4 documents / domain.windows_per_unit = 1",
+     "2 documents give at most 2"),
     ("domain.detail_sparsities", [0.7], "a subset of domain.sparsities = [0.5]", None),
     ("domain.membership.population", 4, "more than 4 (the largest audited data set", None),
     ("domain.sampling", "random", "disjoint (windows cut by document or span) while domain.mechanisms has DP rows",
@@ -541,6 +543,16 @@ def test_domain_texts_and_sizes(key, value, allowed, why):
     """The public text is never an evaluation set (the message names the overlap), nor the
     control clients' text; the audit's population exceeds the largest data set it audits."""
     assert_refused(config_with((key, value)), key, value, allowed, why=why)
+
+
+def test_domain_control_can_be_left_out():
+    """A control its C4 documents cannot fill is refused (above); with no control sparsities the
+    same documents pass and the study plans no control row."""
+    from fedlib.catalog.domain import DomainCatalog
+
+    config = config_with(("domain.control_docs", [25, 27]), ("domain.control", {"sparsities": [], "seeds": [0]}))
+    check(config)
+    assert DomainCatalog(Catalog(with_schema_defaults(config))).spec()["evals"]["control"] == []
 
 
 def test_domain_headroom_is_checked():

@@ -651,3 +651,12 @@ def test_domain_report_pools_data_seeds_and_noise_draws(domain_run, tmp_path):
     md = (tmp_path / "reports" / "domain.md").read_text()
     assert "seeds 0, 1" in md and "over seeds, 2 noise draws per seed (DP rows) and windows" in md
     assert "Ledger, private pool of data seed 1, noise draw 1:" in md and "not summed over them" in md
+
+    # without a negative control (domain.control.sparsities: []) the in-domain rows are the same
+    spec["evals"]["control"], spec["out_dir"] = [], str(tmp_path / "no-control")
+    (tmp_path / "no-control").mkdir()
+    domain_table(spec)
+    alone = list(csv.reader((tmp_path / "no-control" / "domain.csv").open()))
+    assert [r for r in alone[1:] if "negative control" in r[0]] == [] and any("negative control" in r[0] for r in rows)
+    assert [r for r in alone if not r[0].startswith("C4")] == [r for r in rows if not r[0].startswith("C4")]
+    assert "Negative control: none" in (tmp_path / "no-control" / "domain.md").read_text()

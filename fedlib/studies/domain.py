@@ -257,7 +257,8 @@ def _header(spec, summaries, dense, worse, checks, audits) -> list[str]:
         f"disjoint from every evaluation set (C4 evaluation: documents {c4[0]}–{c4[1] - 1})." if c4 else
         f"Clients: {spec['clients']} × {spec['samples']} windows of {title} train; public text: C4.",
         f"Negative control: the clients hold C4 documents {spec['control_docs'][0]}–{spec['control_docs'][1] - 1} "
-        "instead (the public text's distribution): DP must land at public-only.",
+        "instead (the public text's distribution): DP must land at public-only." if spec["evals"]["control"] else
+        "Negative control: none (domain.control.sparsities is empty).",
         f"Evaluation: {title} test, {'all ' if win['windows'] == win['total_windows'] else ''}{win['windows']} of "
         f"{win['total_windows']} windows × {win['seqlen']} tokens (in-domain); guards with "
         f"fewer windows ({guards}, evenly spaced). Weights and activations in "
