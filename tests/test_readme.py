@@ -145,3 +145,16 @@ def test_the_cli_reference_lists_every_verb_and_option():
             assert row is not None, (words, action.option_strings)
             assert ("| required |" in row) == bool(action.required), row
     assert verbs > 20
+
+
+@pytest.mark.parametrize("growth, verdict", [
+    ((30.0, 44.0), "met, the growth is 26 MiB + 0.28 × the upload"),   # the committed run's shape
+    ((30.0, 160.0), "not met, the growth is -3 MiB + 2.57 × the upload"),  # a coordinator holding every upload
+])
+def test_the_flower_memory_goal_is_the_slope_of_growth_against_upload(growth, verdict):
+    """The goal (at most 2 uploads + a constant) reads the line through the rows' (upload, growth);
+    with one upload size there is no constant to separate, and each row is held to 2 uploads."""
+    rows = [{"variant": v, "largest_upload_mib": u, "coordinator_replies_growth_mib": g,
+             "coordinator_replies_growth_in_uploads": g / u} for v, u, g in zip(("a", "b"), (12.7, 63.3), growth)]
+    assert readme_figures._growth_verdict(rows).startswith(verdict)
+    assert readme_figures._growth_verdict(rows[:1]) == "not met for a (one upload size: no constant measured)"
