@@ -77,3 +77,52 @@ def test_headroom_refuses_evaluations_of_another_split(tmp_path):
     with pytest.raises(ValueError, match=r"central\.json: scored on ptb test, the analysis on validation"):
         headroom_table(tmp_path / "headroom.json", tmp_path / "public.json", tmp_path / "central.json", "ptb",
                        tmp_path / "out.md", "test")
+
+
+def choice_files(tmp_path, split="validation"):
+    """A headroom record on 6 validation windows (public-only at 3.0, Centralized at 2.0 per window):
+    at data x 1 and ε = 8 the threshold moves every window by -0.5 (two draws: -0.4, -0.6) and the
+    posterior by -0.3; the posterior at data x 4 (-0.9) and at ε = 64 (-0.8) would beat both."""
+    import json
+
+    def row(estimator, epsilon, multiplier, draw, shift):
+        return {"label": f"{estimator}-eps{epsilon}-x{multiplier}-n{draw}", "estimator": estimator, "epsilon": epsilon,
+                "multiplier": multiplier, "window_nll": [3.0 + shift] * 6, "moved_coordinates": 1}
+
+    rows = [row("posterior", 8, 1, 0, -0.3), row("posterior", 8, 4, 0, -0.9), row("posterior", 64, 1, 0, -0.8),
+            row("threshold", 8, 1, 0, -0.4), row("threshold", 8, 1, 1, -0.6)]
+    (tmp_path / "headroom.json").write_text(json.dumps({"split": split, "samples": 8, "windows": 6, "rows": rows}))
+    for name, nll in (("public", 3.0), ("central", 2.0)):
+        scored = {"window_nll": [nll] * 6, **({"split": split} if split != "test" else {})}
+        (tmp_path / f"{name}.json").write_text(json.dumps({"perplexity": {"ptb": scored}}))
+    return {"choice": {"headroom": str(tmp_path / "headroom.json"), "public": str(tmp_path / "public.json"),
+                       "central": str(tmp_path / "central.json"), "sparsity": 0.5, "seed": 0,
+                       "mechanisms": {"threshold": "distributed", "posterior": "distributed_posterior"}},
+            "private": "ptb", "epsilons": [8, 64],
+            "titles": {"distributed": "DP distributed", "distributed_posterior": "DP distributed, posterior"}}
+
+
+def test_the_claim_row_is_the_estimator_best_on_validation_at_data_x1_and_eps_at_most_8(tmp_path):
+    """Only variants the study releases count: data x 1 (a larger multiplier emulates data the clients
+    lack) and an ε ≤ 8 of the study's; among them the lowest mean Δ vs public-only (threshold: -0.5
+    over its two draws, posterior -0.3)."""
+    from fedlib.studies.domain import _validation_choice
+
+    chosen = _validation_choice(choice_files(tmp_path))
+    assert (chosen["mechanism"], chosen["epsilon"], chosen["sparsity"]) == ("distributed", 8, 0.5)
+    assert "the threshold estimator (DP distributed) at ε = 8" in chosen["line"]
+    assert "on 6 PTB validation windows" in chosen["line"] and "2 noise draws" in chosen["line"]
+    assert f"{np.expm1(-0.5):+.1%}" in chosen["line"] and f"{np.expm1(-0.3):+.1%}" in chosen["line"]
+    assert _validation_choice({"choice": None}) is None
+
+
+def test_a_choice_is_refused_on_test_windows_or_with_nothing_to_choose(tmp_path):
+    from fedlib.studies.domain import _validation_choice
+
+    (tmp_path / "test").mkdir()
+    with pytest.raises(ValueError, match="scored on test windows; a choice is made on validation windows"):
+        _validation_choice(choice_files(tmp_path / "test", split="test"))
+    spec = choice_files(tmp_path)
+    spec["epsilons"] = [4]
+    with pytest.raises(ValueError, match=r"no variant at data × 1 and ε in \[4.0\]"):
+        _validation_choice(spec)

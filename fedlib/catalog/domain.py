@@ -280,6 +280,17 @@ class DomainCatalog:
                              "see config/domain_samples.yaml)")
         return {"noise_seeds": [0], **self.d["headroom"]}
 
+    def choice(self) -> dict | None:
+        """Where the report picks its claim row (``domain.headroom.split: validation``): the headroom
+        analysis on validation windows and the two evaluations it pairs with, and which study
+        mechanism releases each of its estimators; None otherwise (every DP row gets a goal line)."""
+        if not self.d["headroom"] or self.headroom_split() != "validation":
+            return None
+        released = {MECHANISMS[m].estimator: m for m in self.d["mechanisms"]
+                    if MECHANISMS[m].mechanism == "distributed" and not MECHANISMS[m].unit}
+        return {"headroom": self.headroom_json(), **self.headroom_evals(), "sparsity": self.headroom_setting()[0],
+                "seed": self.headroom_setting()[1], "mechanisms": released}
+
     def headroom_outputs(self) -> dict[str, str]:
         return {ext: f"{self.catalog.reports}/headroom.{ext}" for ext in ("md", "csv")}
 
@@ -346,6 +357,7 @@ class DomainCatalog:
             "diagnostics": [{"kind": "private", "seed": self.headroom_setting()[1], "path": self.headroom_json(),
                              "label": "headroom analysis", "reads": "the clients' exact channel energies"}],
             "membership_sizes": {**d["membership"], "sparsity": self.membership_sparsity()},
+            "choice": self.choice(),
         }
 
     def inputs(self) -> list[str]:
@@ -356,6 +368,8 @@ class DomainCatalog:
                 files += list(cell["rows"].values()) + ([cell["record"]] if cell["record"] else [])
                 for draw in cell["draws"]:
                     files += [*draw["rows"].values(), draw["record"]]
+        if spec["choice"]:
+            files += [spec["choice"][k] for k in ("headroom", "public", "central")]
         return sorted(set(files))
 
     def outputs(self) -> list[str]:

@@ -56,19 +56,29 @@ def headroom_summary(record: dict, public: np.ndarray, central: np.ndarray) -> l
     return out
 
 
+def paired_record(headroom: Path, public_eval: Path, central_eval: Path, dataset: str) -> tuple[dict, np.ndarray,
+                                                                                                np.ndarray]:
+    """(the analysis's record, public-only's and Centralized's window NLLs), refused unless the two
+    evaluations scored the analysis's split (so that they pair window for window)."""
+    record = _load(headroom)
+    split = record.get("split", "test")
+    nll = []
+    for path in (public_eval, central_eval):
+        result = _load(path)
+        if result["perplexity"][dataset].get("split", "test") != split:
+            raise ValueError(f"{path}: scored on {dataset} {result['perplexity'][dataset].get('split', 'test')}, "
+                             f"the analysis on {split}: pair them on the same windows")
+        nll.append(_window_nll(result, dataset))
+    return record, nll[0], nll[1]
+
+
 def headroom_table(headroom: Path, public_eval: Path, central_eval: Path, dataset: str, out: Path,
                    provenance: str) -> list[Path]:
     """Write ``out`` (markdown) and its .csv; ``provenance`` names the model and config."""
     from fedlib.provenance import written_by
 
-    record = _load(headroom)
-    public, central = _load(public_eval), _load(central_eval)
+    record, pub_nll, cen_nll = paired_record(headroom, public_eval, central_eval, dataset)
     split = record.get("split", "test")
-    for path, result in ((public_eval, public), (central_eval, central)):
-        if result["perplexity"][dataset].get("split", "test") != split:
-            raise ValueError(f"{path}: scored on {dataset} {result['perplexity'][dataset].get('split', 'test')}, "
-                             f"the analysis on {split}: pair them on the same windows")
-    pub_nll, cen_nll = _window_nll(public, dataset), _window_nll(central, dataset)
     summary = headroom_summary(record, pub_nll, cen_nll)
     gain = math.expm1(float((cen_nll - pub_nll).mean()))
     lines = [
