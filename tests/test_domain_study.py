@@ -1,4 +1,4 @@
-"""The domain study's paired bootstrap (fedlib.studies.domain.Paired) over data seeds, noise draws
+"""The domain study's paired bootstrap (fedlib.studies.paired.Paired) over data seeds, noise draws
 and windows, checked against a direct computation of each resample."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedlib.catalog.domain import DomainCatalog
-from fedlib.studies.domain import BOOTSTRAP, Paired
+from fedlib.studies.paired import BOOTSTRAP, Paired
 
 
 def test_a_resample_is_the_mean_over_its_seeds_their_draws_and_its_windows():

@@ -29,52 +29,11 @@ from fedlib.dp.ledger import Ledger
 from fedlib.dp.public import FALSE_KEEP
 from fedlib.dp.samplers import SEEDED, SIMULATION_LABEL
 from fedlib.report import DATASET_TITLES, fmt_ppl, write_table
+from fedlib.studies.paired import BOOTSTRAP, Paired, change_cell, interval, load, window_nll
 
-BOOTSTRAP = 2000
 ROW_TITLES = {"public": "Public text only (ε = 0)", "central": "Centralized in-domain (ceiling)",
               "client_0": "Local-only (client 0 of each seed)", "fedprllm": "FedPrLLM layer",
               "mix": "Public + private mix (Wanda on both)"}
-
-
-def _load(path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
-def _window_nll(result: dict, dataset: str) -> np.ndarray:
-    ppl = result["perplexity"][dataset]
-    if "window_nll" not in ppl:
-        raise ValueError(f"{result.get('label')}: no per-window NLL for {dataset} (evaluated before fedlib kept them)")
-    return np.asarray(ppl["window_nll"], dtype=np.float64)
-
-
-class Paired:
-    """Per-window NLL differences of a row against public-only, (seeds, noise draws, windows), and
-    the bootstrap resamples shared by every row of one sparsity: seeds, then within each resampled
-    seed its noise draws, then windows (a row without noise has one draw per seed)."""
-
-    def __init__(self, seeds: int, draws: int, windows: int, rng: np.random.Generator):
-        self.seed_draws = rng.integers(0, seeds, size=(BOOTSTRAP, seeds))
-        self.window_draws = rng.integers(0, windows, size=(BOOTSTRAP, windows))
-        self.noise_draws = rng.integers(0, draws, size=(BOOTSTRAP, seeds, draws))
-
-    def resampled(self, diff: np.ndarray) -> np.ndarray:
-        """The mean difference in every bootstrap resample."""
-        noise = self.noise_draws if diff.shape[1] > 1 else np.zeros_like(self.noise_draws[:, :, :1])
-        return np.array([diff[s[:, None], r][:, :, w].mean()
-                         for s, r, w in zip(self.seed_draws, noise, self.window_draws)])
-
-
-def _interval(values: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.percentile(values, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def _pct(delta: float) -> str:
-    return f"{math.expm1(delta):+.1%}"
-
-
-def _change_cell(point: float, ci: tuple[float, float]) -> str:
-    return f"{_pct(point)} [{_pct(ci[0])}, {_pct(ci[1])}]"
 
 
 def _mechanism(row: str) -> str | None:
@@ -92,22 +51,22 @@ def _summaries(spec: dict, kind: str, dataset: str) -> dict:
     for sparsity, cells in sorted(by_sparsity.items()):
         cells = sorted(cells, key=lambda c: c["seed"])
         # per seed, row -> the evaluations of its noise draws (one for a row without noise)
-        results = [{row: [_load(path)] + [_load(d["rows"][row]) for d in c.get("draws", []) if row in d["rows"]]
+        results = [{row: [load(path)] + [load(d["rows"][row]) for d in c.get("draws", []) if row in d["rows"]]
                     for row, path in c["rows"].items()} for c in cells]
         rows = list(cells[0]["rows"])
-        public = np.stack([[_window_nll(r["public"][0], dataset)] for r in results])
+        public = np.stack([[window_nll(r["public"][0], dataset)] for r in results])
         paired = Paired(len(cells), max(len(v) for r in results for v in r.values()), public.shape[2],
                         np.random.default_rng(0))
         out[sparsity] = {}
         for row in rows:
-            nll = np.stack([[_window_nll(e, dataset) for e in r[row]] for r in results])
+            nll = np.stack([[window_nll(e, dataset) for e in r[row]] for r in results])
             diff = nll - public
             draws = paired.resampled(diff)
             out[sparsity][row] = {
                 "ppl": math.exp(nll.mean()),
                 "guards": {g: math.exp(np.mean([e["perplexity"][g]["nll"] for r in results for e in r[row]]))
                            for g in guards},
-                "delta": float(diff.mean()), "ci": _interval(draws), "draws": draws,
+                "delta": float(diff.mean()), "ci": interval(draws), "draws": draws,
                 "seeds": [c["seed"] for c in cells],
             }
     return out
@@ -119,14 +78,14 @@ def _kept(summary: dict, row: str, references: dict) -> tuple[float, tuple[float
     if ref is None or not ref["ci"][1] < 0:
         return None
     mine = summary[row]
-    return mine["delta"] / ref["delta"], _interval(mine["draws"] / ref["draws"])
+    return mine["delta"] / ref["delta"], interval(mine["draws"] / ref["draws"])
 
 
 def _audits(spec: dict) -> dict:
     """label -> (proven ε of the audited mechanism, audited lower bound (the larger of LiRA's two))."""
     out = {}
     for label, path in spec["membership"].items():
-        mia = _load(path)
+        mia = load(path)
         bounds = [mia["attack"][k].get("epsilon_lb") for k in ("epsilon_lr1", "epsilon_split")]
         out[label] = (mia["dp"]["epsilon"], max((b for b in bounds if b is not None), default=0.0))
     return out
@@ -153,7 +112,7 @@ def _pool_ledgers(spec: dict) -> dict[tuple[str, int, int], Ledger]:
     for kind, cells in spec["evals"].items():
         for cell in cells:
             for draw, path in _records(cell):
-                record = _load(path)
+                record = load(path)
                 if "ledger" in record:
                     ledger = Ledger(record["ledger"]["pool"], record["ledger"]["releases"],
                                     record["ledger"]["diagnostics"])
@@ -177,7 +136,7 @@ def _row_guarantees(spec: dict) -> dict[tuple[str, float], dict[str, list[dict]]
     for kind, cells in spec["evals"].items():
         for cell in cells:
             for _, path in _records(cell):
-                for label, header in _guarantees(_load(path)).items():
+                for label, header in _guarantees(load(path)).items():
                     out.setdefault((kind, float(cell["sparsity"])), {}).setdefault(label, []).append(header)
     return out
 
@@ -188,7 +147,7 @@ def domain_table(spec: dict) -> list[Path]:
     title = DATASET_TITLES.get(dataset, dataset)
     guard_titles = [DATASET_TITLES.get(g, g) for g in guards]
     audits = _audits(spec)
-    dense = {dtype: _load(path) for dtype, path in spec["dense"].items()}
+    dense = {dtype: load(path) for dtype, path in spec["dense"].items()}
     ledgers, guarantees = _pool_ledgers(spec), _row_guarantees(spec)
     columns = ["Clients' text", "Sparsity", "Row", "ε", "noise", "pool ε (all its releases)", f"{title} ppl",
                f"Δ {title} ppl vs public [95% CI]", "gain kept [95% CI]", *[f"{g} ppl" for g in guard_titles],
@@ -220,7 +179,7 @@ def domain_table(spec: dict) -> list[Path]:
                         pool = f"{max(ledger.dp_epsilon for ledger in pools):.1f}"
                 rows.append([
                     text, f"{sparsity:.0%}", spec["titles"].get(mechanism, ROW_TITLES.get(row, row)), eps, noise, pool,
-                    fmt_ppl(s["ppl"]), "-" if row == "public" else _change_cell(s["delta"], s["ci"]),
+                    fmt_ppl(s["ppl"]), "-" if row == "public" else change_cell(s["delta"], s["ci"]),
                     f"{kept[0]:.0%} [{kept[1][0]:.0%}, {kept[1][1]:.0%}]" if kept else "-",
                     *[fmt_ppl(s["guards"][g]) for g in guards],
                     f"{audit[1]:.2f}" if audit else "-",
@@ -292,7 +251,7 @@ def _header(spec, summaries, dense, worse, checks, audits) -> list[str]:
                 s = summary[row]
                 verdict = "beats" if s["ci"][1] < 0 else ("is worse than" if s["ci"][0] > 0 else "does not differ from")
                 parts.append(f"{ROW_TITLES[row].split(' (')[0]} {verdict} public text "
-                             f"({_change_cell(s['delta'], s['ci'])})")
+                             f"({change_cell(s['delta'], s['ci'])})")
         lines.append(f"At {sparsity:.0%}, in-domain private data: " + "; ".join(parts) + ".")
     goal = {}
     for sparsity, mechanism, eps, (kept, ci) in checks:
@@ -340,7 +299,7 @@ def _validation_choice(spec) -> dict | None:
         raise ValueError(f"{choice['headroom']}: no variant at data × 1 and ε in {sorted(epsilons)} of an estimator "
                          f"the study releases ({', '.join(choice['mechanisms'])}): nothing to choose from")
     best = min(candidates, key=lambda s: s["delta"])
-    scores = "; ".join(f"{s['estimator']} at ε = {s['epsilon']:g}: {_change_cell(s['delta'], s['ci'])}" for s in candidates)
+    scores = "; ".join(f"{s['estimator']} at ε = {s['epsilon']:g}: {change_cell(s['delta'], s['ci'])}" for s in candidates)
     line = (f"Chosen on held-out windows: the {best['estimator']} estimator ({spec['titles'][choice['mechanisms'][best['estimator']]]}) "
             f"at ε = {best['epsilon']:g}, the lowest Δ vs public-only on {record['windows']} {spec['private'].upper()} "
             f"validation windows (headroom analysis on data seed {choice['seed']}, {best['noise_draws']} noise draws; "

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from fedlib.io import write_text_atomic
-from fedlib.studies.domain import BOOTSTRAP, _change_cell, _interval, _load, _window_nll
+from fedlib.studies.paired import BOOTSTRAP, change_cell, interval, load, window_nll
 
 ESTIMATOR_TITLES = {"exact": "exact private energies (no clip, no noise)",
                     "threshold": "threshold estimator (soft threshold; the default)",
@@ -49,8 +49,8 @@ def headroom_summary(record: dict, public: np.ndarray, central: np.ndarray) -> l
         gain = float((central - public).mean())
         out.append({"estimator": estimator, "epsilon": epsilon, "multiplier": multiplier,
                     "samples": record["samples"] * multiplier, "noise_draws": len(rows),
-                    "ppl": math.exp(nll.mean()), "delta": delta, "ci": _interval(resampled),
-                    "kept": delta / gain, "kept_ci": _interval(resampled / ceiling),
+                    "ppl": math.exp(nll.mean()), "delta": delta, "ci": interval(resampled),
+                    "kept": delta / gain, "kept_ci": interval(resampled / ceiling),
                     "kept_by_draw": [float(d.mean() / gain) for d in diff],
                     "moved": float(np.mean([r["moved_coordinates"] for r in rows]))})
     return out
@@ -60,15 +60,15 @@ def paired_record(headroom: Path, public_eval: Path, central_eval: Path, dataset
                                                                                                 np.ndarray]:
     """(the analysis's record, public-only's and Centralized's window NLLs), refused unless the two
     evaluations scored the analysis's split (so that they pair window for window)."""
-    record = _load(headroom)
+    record = load(headroom)
     split = record.get("split", "test")
     nll = []
     for path in (public_eval, central_eval):
-        result = _load(path)
+        result = load(path)
         if result["perplexity"][dataset].get("split", "test") != split:
             raise ValueError(f"{path}: scored on {dataset} {result['perplexity'][dataset].get('split', 'test')}, "
                              f"the analysis on {split}: pair them on the same windows")
-        nll.append(_window_nll(result, dataset))
+        nll.append(window_nll(result, dataset))
     return record, nll[0], nll[1]
 
 
@@ -109,7 +109,7 @@ def headroom_table(headroom: Path, public_eval: Path, central_eval: Path, datase
               "Δ vs public [95% CI]", "gain kept [95% CI]", "kept per draw", "coordinates off the prior"]
     rows = [[ESTIMATOR_TITLES[s["estimator"]], "∞" if s["epsilon"] is None else f"{s['epsilon']:g}",
              f"{s['multiplier']:g}", f"{s['samples']:g}", str(s["noise_draws"]), f"{s['ppl']:.2f}",
-             _change_cell(s["delta"], s["ci"]), f"{s['kept']:.0%} [{s['kept_ci'][0]:.0%}, {s['kept_ci'][1]:.0%}]",
+             change_cell(s["delta"], s["ci"]), f"{s['kept']:.0%} [{s['kept_ci'][0]:.0%}, {s['kept_ci'][1]:.0%}]",
              ", ".join(f"{k:.0%}" for k in s["kept_by_draw"]), f"{s['moved']:.0f}"] for s in summary]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
