@@ -571,6 +571,25 @@ def test_domain_headroom_is_checked():
     assert configured.headroom()["noise_seeds"] == [0]
 
 
+def test_domain_headroom_reads_the_pool_of_its_seed_and_the_report_chooses_there():
+    """domain.headroom.seed (default: the first data seed) names the pool the analysis reads, the
+    pool the report lists its diagnostic on, and the world the report's choice is made in; with the
+    analysis on validation the report's inputs include it."""
+    from fedlib.catalog.domain import DomainCatalog
+
+    variants = [{"estimator": "posterior", "epsilon": 8}]
+    default = DomainCatalog(Catalog(with_schema_defaults(config_with(("domain.headroom", {"variants": variants})))))
+    assert default.headroom_setting() == (0.5, 0) and default.spec()["choice"] is None
+    chosen = {"variants": variants, "split": "validation", "seed": 3}
+    domain = DomainCatalog(Catalog(with_schema_defaults(config_with(("domain.headroom", chosen)))))
+    spec = domain.spec()
+    assert domain.headroom_setting() == (0.5, 3) and "/private/s3/sp0.5/headroom.json" in domain.headroom_json()
+    assert spec["choice"]["seed"] == 3 and spec["diagnostics"][0]["seed"] == 3
+    assert spec["choice"]["mechanisms"] == {"threshold": "distributed", "posterior": "distributed_posterior"}
+    assert {spec["choice"][k] for k in ("headroom", "public", "central")} <= set(domain.inputs())
+    assert spec["choice"]["central"].endswith("/private/s3/sp0.5/central.validation.json")
+
+
 def test_domain_dp_file_patterns_are_the_files_the_federation_writes():
     """The domain rule's outputs (spelled in the catalog, which the Snakefile reads without torch)
     are the files fedlib.privacy.stages.dp_federation.mask_paths names, for every mechanism."""
