@@ -542,9 +542,12 @@ def test_domain_target_runs(domain_run):
         assert title in titles
     dp_rows = [r for r in body if r[cell["Row"]].startswith("DP ")]
     assert len(dp_rows) == 4 + 4 and all(r[cell["audit ≤ proven"]] == "yes" and r[cell["ε"]] == "8" for r in dp_rows)
+    # a 4-target game cannot show a bound near ε = 8: the report says its audits cannot fail
+    ceiling, can_fail = header.index("audit ceiling"), header.index("audit can fail (ceiling > proven)")
+    assert all(float(r[ceiling]) < 8 and r[can_fail] == "no" for r in dp_rows)
     assert sum(r[cell["Clients' text"]].startswith("C4") for r in body) == 2 + 4
     md = (tmp_path / "reports" / "domain.md").read_text()
-    assert "Worse than public-only beyond the interval" in md and "Audited ε ≤ proven ε" in md
+    assert "Worse than public-only beyond the interval" in md and "Audited ε ≤ proven ε: in every row; but no audit" in md
     assert (tmp_path / "reports" / "domain.png").stat().st_size > 0
     # domain_headroom over the study's files, scored on PTB validation (where an estimator is chosen, apart
     # from the test windows the study scores): the pass and its table, paired against the same windows

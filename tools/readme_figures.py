@@ -643,7 +643,7 @@ def domain(csv_path: str) -> Callable[[list[list[str]]], str]:
     def render(rows: list[list[str]]) -> str:
         md = (REPO / csv_path).with_suffix(".md").read_text().splitlines()
         provenance = [line.removeprefix("- ") for line in md if line.startswith(("- Model:", "- Clients:"))]
-        verdicts = [line for line in md if line.startswith(("- At ", "- Goal", "- Worse", "- Audited"))]
+        verdicts = [line for line in md if line.startswith(("- At ", "- Chosen", "- Goal", "- Worse", "- Audited"))]
         keep = [i for i, name in enumerate(rows[0]) if not name.endswith(" ppl") or name.startswith("PTB")]
         out = [f"From `{csv_path}` (guard columns: see the file): " + " ".join(provenance), ""]
         out += ["| " + " | ".join(rows[0][i] for i in keep) + " |", "|" + "---|" * len(keep)]
