@@ -88,9 +88,9 @@ def _audits(spec: dict) -> dict:
 
     out = {}
     for label, path in spec["membership"].items():
-        attack = load(path)["attack"]
-        entries = [attack[k] for k in ("epsilon_lr1", "epsilon_split") if attack[k].get("epsilon_lb") is not None]
-        out[label] = (load(path)["dp"]["epsilon"], max((e["epsilon_lb"] for e in entries), default=0.0),
+        mia = load(path)
+        entries = [mia["attack"][k] for k in ("epsilon_lr1", "epsilon_split") if mia["attack"][k].get("epsilon_lb") is not None]
+        out[label] = (mia["dp"]["epsilon"], max((e["epsilon_lb"] for e in entries), default=0.0),
                       max((_ceiling(e) for e in entries), default=0.0))
     return out
 
