@@ -300,14 +300,13 @@ def load_tokenizer(spec: str):
 def _declares_generic_tokenizer(folder: Path) -> bool:
     try:
         declared = json.loads((folder / "tokenizer_config.json").read_text())
-        model_type = json.loads((folder / "config.json").read_text())
-        model_type = model_type.get("model_type") if isinstance(model_type, dict) else None
+        config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    if not (isinstance(declared, dict) and isinstance(model_type, str)):
+    if not (isinstance(declared, dict) and isinstance(config, dict) and isinstance(config.get("model_type"), str)):
         return False
     return (declared.get("tokenizer_class") == "TokenizersBackend" and "auto_map" not in declared
-            and model_type in GENERIC_TOKENIZER_TYPES and (folder / "tokenizer.json").is_file())
+            and config.get("model_type") in GENERIC_TOKENIZER_TYPES and (folder / "tokenizer.json").is_file())
 
 
 def materialize(spec: str, out: Path) -> Path:

@@ -290,8 +290,9 @@ class DomainCatalog:
             return None
         released = {MECHANISMS[m].estimator: m for m in self.d["mechanisms"]
                     if MECHANISMS[m].mechanism == "distributed" and not MECHANISMS[m].unit}
-        return {"headroom": self.headroom_json(), **self.headroom_evals(), "sparsity": self.headroom_setting()[0],
-                "seed": self.headroom_setting()[1], "mechanisms": released}
+        sparsity, seed = self.headroom_setting()
+        return {"headroom": self.headroom_json(), **self.headroom_evals(), "sparsity": sparsity, "seed": seed,
+                "mechanisms": released}
 
     def headroom_outputs(self) -> dict[str, str]:
         return {ext: f"{self.catalog.reports}/headroom.{ext}" for ext in ("md", "csv")}

@@ -100,33 +100,33 @@ def _guarantees(record: dict) -> dict[str, dict]:
     return {label: {"noise": SEEDED, **json.loads(r["guarantee"])} for label, r in record["releases"].items()}
 
 
-def _records(cell: dict) -> list[tuple[int, str]]:
-    """(noise draw, pass record) of a setting's DP passes."""
-    if not cell.get("record"):
-        return []
-    return [(0, cell["record"])] + [(i, d["record"]) for i, d in enumerate(cell.get("draws", []), start=1)]
+def _passes(spec: dict) -> list[tuple[str, dict, int, dict]]:
+    """(kind, setting, noise draw, pass record) of every DP pass of the study, each record read once."""
+    out = []
+    for kind, cells in spec["evals"].items():
+        for cell in cells:
+            if cell.get("record"):
+                paths = [cell["record"]] + [d["record"] for d in cell.get("draws", [])]
+                out += [(kind, cell, draw, load(path)) for draw, path in enumerate(paths)]
+    return out
 
 
-def _pool_ledgers(spec: dict) -> dict[tuple[str, int, int], Ledger]:
+def _pool_ledgers(spec: dict, passes: list) -> dict[tuple[str, int, int], Ledger]:
     """(kind, data seed, noise draw) -> the ledger of that pool over every pass on it (every
     detailed sparsity). Noise draws are replicates of the study (a deployment releases one), so
     each has its own ledger. A record without a ledger (written before one release served several
     estimators) had one noisy release per label."""
-    passes: dict[tuple[str, int, int], list[Ledger]] = {}
-    for kind, cells in spec["evals"].items():
-        for cell in cells:
-            for draw, path in _records(cell):
-                record = load(path)
-                if "ledger" in record:
-                    ledger = Ledger(record["ledger"]["pool"], record["ledger"]["releases"],
-                                    record["ledger"]["diagnostics"])
-                else:
-                    ledger = Ledger(record["public"])
-                    for label, header in _guarantees(record).items():
-                        ledger.add_release(label, header, [header.get("estimator", "threshold")], [])
-                passes.setdefault((kind, int(cell["seed"]), draw), []).append(ledger)
+    by_pool: dict[tuple[str, int, int], list[Ledger]] = {}
+    for kind, cell, draw, record in passes:
+        if "ledger" in record:
+            ledger = Ledger(record["ledger"]["pool"], record["ledger"]["releases"], record["ledger"]["diagnostics"])
+        else:
+            ledger = Ledger(record["public"])
+            for label, header in _guarantees(record).items():
+                ledger.add_release(label, header, [header.get("estimator", "threshold")], [])
+        by_pool.setdefault((kind, int(cell["seed"]), draw), []).append(ledger)
     pools = {pool: Ledger.merged(f"{pool[0]} s{pool[1]}" + (f" n{pool[2]}" if pool[2] else ""), ledgers)
-             for pool, ledgers in passes.items()}
+             for pool, ledgers in by_pool.items()}
     for diagnostic in spec.get("diagnostics", []):
         for (kind, seed, _), ledger in pools.items():
             if (kind, seed) == (diagnostic["kind"], int(diagnostic["seed"])) and Path(diagnostic["path"]).is_file():
@@ -134,14 +134,12 @@ def _pool_ledgers(spec: dict) -> dict[tuple[str, int, int], Ledger]:
     return pools
 
 
-def _row_guarantees(spec: dict) -> dict[tuple[str, float], dict[str, list[dict]]]:
-    """(kind, sparsity) -> label -> the x_dp of that row in each data seed."""
+def _row_guarantees(passes: list) -> dict[tuple[str, float], dict[str, list[dict]]]:
+    """(kind, sparsity) -> label -> the x_dp of that row in each data seed and noise draw."""
     out: dict = {}
-    for kind, cells in spec["evals"].items():
-        for cell in cells:
-            for _, path in _records(cell):
-                for label, header in _guarantees(load(path)).items():
-                    out.setdefault((kind, float(cell["sparsity"])), {}).setdefault(label, []).append(header)
+    for kind, cell, _, record in passes:
+        for label, header in _guarantees(record).items():
+            out.setdefault((kind, float(cell["sparsity"])), {}).setdefault(label, []).append(header)
     return out
 
 
@@ -152,7 +150,8 @@ def domain_table(spec: dict) -> list[Path]:
     guard_titles = [DATASET_TITLES.get(g, g) for g in guards]
     audits = _audits(spec)
     dense = {dtype: load(path) for dtype, path in spec["dense"].items()}
-    ledgers, guarantees = _pool_ledgers(spec), _row_guarantees(spec)
+    passes = _passes(spec)
+    ledgers, guarantees = _pool_ledgers(spec, passes), _row_guarantees(passes)
     columns = ["Clients' text", "Sparsity", "Row", "ε", "noise", "pool ε (all its releases)", f"{title} ppl",
                f"Δ {title} ppl vs public [95% CI]", "gain kept [95% CI]", *[f"{g} ppl" for g in guard_titles],
                "audited ε LB", "audit ceiling", "audit ≤ proven", "audit can fail (ceiling > proven)"]
