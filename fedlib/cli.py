@@ -728,9 +728,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: verbs that walk a whole model block by block (or a file layer by layer) once: they report
-#: each step (fedlib.progress); the privacy verbs run such walks by the hundred and do not
-PROGRESS_VERBS = ("client-mask", "client-weights", "iterative", "fedspallm", "aggregate", "evaluate")
+#: verbs that walk a whole model block by block (or a file layer by layer) a few times: they
+#: report each step (fedlib.progress); the other privacy verbs run such walks by the hundred and do not
+PROGRESS_VERBS = ("client-mask", "client-weights", "iterative", "fedspallm", "aggregate", "evaluate",
+                  "privacy dp-federation", "privacy dp-headroom")
 
 #: failures that come from what the user gave (files, values): exit status 2, as argparse's
 INPUT_ERRORS = ("MaskFileError", "DataError", "FileNotFoundError", "ValueError")
@@ -740,8 +741,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from fedlib import progress
 
+    verb = f"privacy {args.analysis}" if args.command == "privacy" else args.command
     try:
-        with progress.reporting(args.command) if args.command in PROGRESS_VERBS else contextlib.nullcontext():
+        with progress.reporting(verb) if verb in PROGRESS_VERBS else contextlib.nullcontext():
             args.func(args)
     except Exception as err:  # one line per failure; --debug for the traceback
         if args.debug:

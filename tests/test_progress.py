@@ -14,7 +14,7 @@ from fedlib.models import open_model
 
 from conftest import tiny_llama
 
-LINE = re.compile(r"^(\S+): (\w+) (\d+)/(\d+) in [0-9.]+s \([0-9.]+s per \w+, ETA \w+\)$")
+LINE = re.compile(r"^([^:]+): (\w+) (\d+)/(\d+) in [0-9.]+s \([0-9.]+s per \w+, ETA \w+\)$")
 
 
 def test_track_reports_each_step_only_when_asked():
@@ -79,7 +79,18 @@ def test_long_verbs_report_progress_in_their_log(tiny_model_dir, tmp_path, capsy
     assert main(["aggregate", "--model", str(tiny_model_dir), "--out", str(tmp_path / "g.safetensors"),
                  *masks]) == 0
     assert main(["inspect", masks[0]]) == 0
+    # the DP federation's one pass reports its blocks too; the privacy verbs with many walks do not
+    spans = []
+    for name in ("public", "a", "b"):
+        spans.append(str(tmp_path / f"{name}.safetensors"))
+        save_tokens(spans[-1], torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(len(spans))),
+                    dataset="test", unit="span", windows_per_unit=1)
+    release = '[{"label": "d", "mechanism": "distributed", "epsilon": 8, "delta": 1e-5, "clip": 2, "basis": 0}]'
+    assert main(["privacy", "dp-federation", "--model", str(tiny_model_dir), "--public", spans[0], "--calib",
+                 *spans[1:], "--releases", release, "--noise-seed", "0", "--out-dir", str(tmp_path / "dp"),
+                 "--record", str(tmp_path / "dp.json")]) == 0
     lines = [LINE.match(line) for line in capsys.readouterr().err.splitlines()]
     steps = [m.group(1, 2, 3, 4) for m in lines if m]
     assert steps == [("client-mask", "block", "1", "2"), ("client-mask", "block", "2", "2")] * 2 + [
-        ("aggregate", "layer", str(i), "14") for i in range(1, 15)]  # inspect reports nothing
+        ("aggregate", "layer", str(i), "14") for i in range(1, 15)] + [  # inspect reports nothing
+        ("privacy dp-federation", "block", "1", "2"), ("privacy dp-federation", "block", "2", "2")]
