@@ -79,7 +79,7 @@ def test_long_verbs_report_progress_in_their_log(tiny_model_dir, tmp_path, capsy
     assert main(["aggregate", "--model", str(tiny_model_dir), "--out", str(tmp_path / "g.safetensors"),
                  *masks]) == 0
     assert main(["inspect", masks[0]]) == 0
-    # the DP federation's one pass reports its blocks too; the privacy verbs with many walks do not
+    # the DP federation's one pass reports its blocks too (a privacy verb: its name is 'privacy <analysis>')
     spans = []
     for name in ("public", "a", "b"):
         spans.append(str(tmp_path / f"{name}.safetensors"))
