@@ -126,3 +126,17 @@ def test_a_choice_is_refused_on_test_windows_or_with_nothing_to_choose(tmp_path)
     spec["epsilons"] = [4]
     with pytest.raises(ValueError, match=r"no variant at data × 1 and ε in \[4.0\]"):
         _validation_choice(spec)
+
+
+@pytest.mark.parametrize("kept, ci, verdict", [
+    (0.65, (0.57, 0.73), "met"),
+    (0.50, (0.50, 0.60), "met"),
+    (0.63, (0.41, 0.85), "met at the point, not beyond its interval"),
+    (0.42, (0.34, 0.49), "not met"),
+    (0.42, (0.30, 0.55), "not met"),
+])
+def test_the_goal_is_met_only_where_its_interval_clears_it(kept, ci, verdict):
+    """A point over 50 % with an interval reaching below it (one lucky noise draw) is not "met"."""
+    from fedlib.studies.domain import goal_verdict
+
+    assert goal_verdict(kept, ci) == verdict
