@@ -140,3 +140,24 @@ def test_the_goal_is_met_only_where_its_interval_clears_it(kept, ci, verdict):
     from fedlib.studies.domain import goal_verdict
 
     assert goal_verdict(kept, ci) == verdict
+
+
+def test_the_gain_kept_per_draw_is_each_draws_mean_change_over_its_seeds_ceiling():
+    """Each (data seed, noise draw) cell: the DP row's mean Δ vs public-only on that seed's windows over
+    Centralized's on the same seed, computed here from the per-window changes; one draw per seed
+    adds no clause (the committed single-draw reports do not move)."""
+    from fedlib.studies.domain import kept_per_draw, per_draw_text
+
+    rng = np.random.default_rng(8)
+    central = rng.normal(-0.1, 0.02, size=(2, 1, 5))  # seeds, draws, windows: Δ vs public-only
+    dp = rng.normal(-0.05, 0.03, size=(2, 3, 5))
+    summary = {"central": {"per_draw": central.mean(axis=2)}, "distributed-8": {"per_draw": dp.mean(axis=2)}}
+    got = kept_per_draw(summary, "distributed-8", {"distributed": "central"})
+    for s in range(2):
+        for d in range(3):
+            assert got[s, d] == pytest.approx(sum(dp[s, d]) / sum(central[s, 0]), rel=1e-12)
+    text = per_draw_text(got, [0, 1])
+    assert text == "; kept per noise draw: " + "; ".join(
+        f"data seed {s}: " + ", ".join(f"{got[s, d]:.0%}" for d in range(3)) for s in range(2))
+    assert per_draw_text(got[:, :1], [0, 1]) == "" and per_draw_text(None, [0]) == ""
+    assert kept_per_draw(summary, "distributed-8", {}) is None

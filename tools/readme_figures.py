@@ -878,6 +878,7 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
         ("table12-run", "reports/table12_run.csv"),
         ("domain-headroom", "reports/domain_n512/headroom.csv"),
         ("domain-headroom-n1024", "reports/domain_n1024/headroom.csv"),
+        ("domain-headroom-heldout", "reports/domain_heldout/headroom.csv"),
         ("gemma-table1", "reports/gemma3-270m/table1.csv"),
         # every table of the named privacy targets (fedlib.privacy_analyses)
         *((table.replace("_", "-"), f"reports/{table}.csv") for analysis in TARGETS for table in analysis.tables),
@@ -894,7 +895,8 @@ SOURCES: dict[str, tuple[Path | tuple[Path, ...], Callable]] = {
     "config": ((SCHEMA, REPO / "config.yaml"), config_reference),
     **{name: (REPO / path, domain(path)) for name, path in (
         ("domain", "reports/domain.csv"), ("domain-n512", "reports/domain_n512/domain.csv"),
-        ("domain-n1024", "reports/domain_n1024/domain.csv"))},
+        ("domain-n1024", "reports/domain_n1024/domain.csv"),
+        ("domain-heldout", "reports/domain_heldout/domain.csv"))},
 }
 
 
