@@ -29,7 +29,7 @@ from fedlib.dp.ledger import Ledger
 from fedlib.dp.public import FALSE_KEEP
 from fedlib.dp.samplers import SEEDED, SIMULATION_LABEL
 from fedlib.report import DATASET_TITLES, fmt_ppl, write_table
-from fedlib.studies.paired import BOOTSTRAP, Paired, change_cell, interval, load, window_nll
+from fedlib.studies.paired import BOOTSTRAP, Paired, change_cell, interval, kept_cell, load, percents, window_nll
 
 ROW_TITLES = {"public": "Public text only (ε = 0)", "central": "Centralized in-domain (ceiling)",
               "client_0": "Local-only (client 0 of each seed)", "fedprllm": "FedPrLLM layer",
@@ -74,9 +74,15 @@ def _summaries(spec: dict, kind: str, dataset: str) -> dict:
     return out
 
 
+def _counterpart(summary: dict, row: str, references: dict) -> dict | None:
+    """The summary of the row whose gain a DP row's is measured against (per client: FedPrLLM;
+    distributed: Centralized)."""
+    return summary.get(references.get(_mechanism(row) or "", ""))
+
+
 def _kept(summary: dict, row: str, references: dict) -> tuple[float, tuple[float, float]] | None:
     """The fraction of its counterpart's gain a DP row keeps, where that gain is significant."""
-    ref = summary.get(references.get(_mechanism(row) or "", ""))
+    ref = _counterpart(summary, row, references)
     if ref is None or not ref["ci"][1] < 0:
         return None
     mine = summary[row]
@@ -87,7 +93,7 @@ def kept_per_draw(summary: dict, row: str, references: dict) -> np.ndarray | Non
     """The gain a DP row keeps in each data seed's each noise draw (seeds x draws): its mean Δ there
     over its counterpart's in the same seed. The spread is what one release (a deployment's only
     draw) lives with, which the pooled interval does not show."""
-    ref = summary.get(references.get(_mechanism(row) or "", ""))
+    ref = _counterpart(summary, row, references)
     if ref is None:
         return None
     return summary[row]["per_draw"] / ref["per_draw"].mean(axis=1, keepdims=True)
@@ -98,7 +104,7 @@ def per_draw_text(kept: np.ndarray | None, seeds: list) -> str:
     if kept is None or kept.shape[1] < 2:
         return ""
     return "; kept per noise draw: " + "; ".join(
-        f"data seed {seed}: " + ", ".join(f"{k:.0%}" for k in draws) for seed, draws in zip(seeds, kept))
+        f"data seed {seed}: {percents(draws)}" for seed, draws in zip(seeds, kept))
 
 
 def _audits(spec: dict) -> dict:
@@ -203,7 +209,7 @@ def domain_table(spec: dict) -> list[Path]:
                 rows.append([
                     text, f"{sparsity:.0%}", spec["titles"].get(mechanism, ROW_TITLES.get(row, row)), eps, noise, pool,
                     fmt_ppl(s["ppl"]), "-" if row == "public" else change_cell(s["delta"], s["ci"]),
-                    f"{kept[0]:.0%} [{kept[1][0]:.0%}, {kept[1][1]:.0%}]" if kept else "-",
+                    kept_cell(*kept) if kept else "-",
                     *[fmt_ppl(s["guards"][g]) for g in guards],
                     f"{audit[1]:.2f}" if audit else "-", f"{audit[2]:.2f}" if audit else "-",
                     ("yes" if audit[1] <= audit[0] else "NO") if audit else "-",
@@ -290,14 +296,13 @@ def _header(spec, summaries, dense, worse, checks, audits) -> list[str]:
             entry = next((e for e in entries if e[0] == chosen["epsilon"]), None)
             if mechanism == chosen["mechanism"] and entry:
                 lines.append(f"{head}, chosen on validation (the claim): {goal_verdict(entry[1], entry[2])}: "
-                             f"{entry[1]:.0%} [{entry[2][0]:.0%}, {entry[2][1]:.0%}] on the test windows at "
-                             f"ε = {entry[0]:g}{entry[3]}.")
+                             f"{kept_cell(entry[1], entry[2])} on the test windows at ε = {entry[0]:g}{entry[3]}.")
             else:
                 lines.append(f"{head}: not chosen on validation (shown, not claimed).")
             continue
         best = max(entries, key=lambda e: e[1])
-        lines.append(f"{head}: {goal_verdict(best[1], best[2])} (best: {best[1]:.0%} [{best[2][0]:.0%}, "
-                     f"{best[2][1]:.0%}] at ε = {best[0]:g}{best[3]}).")
+        lines.append(f"{head}: {goal_verdict(best[1], best[2])} (best: {kept_cell(best[1], best[2])} "
+                     f"at ε = {best[0]:g}{best[3]}).")
     lines.append("Worse than public-only beyond the interval: " + ("; ".join(worse) if worse else "no DP row") + ".")
     over = [label for label, (proven, audited, _) in audits.items() if audited > proven]
     weak = [label for label, (proven, _, ceiling) in audits.items() if ceiling <= proven]

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from fedlib.io import write_text_atomic
-from fedlib.studies.paired import BOOTSTRAP, change_cell, interval, load, window_nll
+from fedlib.studies.paired import BOOTSTRAP, change_cell, interval, kept_cell, load, percents, window_nll
 
 ESTIMATOR_TITLES = {"exact": "exact private energies (no clip, no noise)",
                     "threshold": "threshold estimator (soft threshold; the default)",
@@ -109,8 +109,8 @@ def headroom_table(headroom: Path, public_eval: Path, central_eval: Path, datase
               "Δ vs public [95% CI]", "gain kept [95% CI]", "kept per draw", "coordinates off the prior"]
     rows = [[ESTIMATOR_TITLES[s["estimator"]], "∞" if s["epsilon"] is None else f"{s['epsilon']:g}",
              f"{s['multiplier']:g}", f"{s['samples']:g}", str(s["noise_draws"]), f"{s['ppl']:.2f}",
-             change_cell(s["delta"], s["ci"]), f"{s['kept']:.0%} [{s['kept_ci'][0]:.0%}, {s['kept_ci'][1]:.0%}]",
-             ", ".join(f"{k:.0%}" for k in s["kept_by_draw"]), f"{s['moved']:.0f}"] for s in summary]
+             change_cell(s["delta"], s["ci"]), kept_cell(s["kept"], s["kept_ci"]),
+             percents(s["kept_by_draw"]), f"{s['moved']:.0f}"] for s in summary]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     out.parent.mkdir(parents=True, exist_ok=True)

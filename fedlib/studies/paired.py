@@ -53,3 +53,13 @@ def _pct(delta: float) -> str:
 
 def change_cell(point: float, ci: tuple[float, float]) -> str:
     return f"{_pct(point)} [{_pct(ci[0])}, {_pct(ci[1])}]"
+
+
+def kept_cell(kept: float, ci: tuple[float, float]) -> str:
+    """A share of the gain kept and its interval, in whole percent."""
+    return f"{kept:.0%} [{ci[0]:.0%}, {ci[1]:.0%}]"
+
+
+def percents(values) -> str:
+    """Shares in whole percent, comma-separated (the gain kept per noise draw)."""
+    return ", ".join(f"{v:.0%}" for v in values)
